@@ -1,0 +1,238 @@
+from __future__ import annotations
+
+import logging
+from itertools import count
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from busd.bus import Bus, HandlerError
+from busd.errors import InvalidPattern, UnknownEventType
+from busd.events import (
+    Envelope,
+    Event,
+    SessionIdle,
+    TextComplete,
+    TextDelta,
+    ThinkingDelta,
+    TokenUsage,
+    Usage,
+)
+
+Seen = list[tuple[str, int]]
+
+
+def recorder(seen: Seen, label: str):  # type: ignore[no-untyped-def]
+    def handler(envelope: Envelope[Event]) -> None:
+        seen.append((label, envelope.seq))
+
+    return handler
+
+
+def delta(text: str = "x") -> TextDelta:
+    return TextDelta(message_id="m1", text=text)
+
+
+def test_typed_then_pattern_then_catch_all_each_in_registration_order() -> None:
+    bus = Bus()
+    seen: Seen = []
+    # Registered deliberately out of dispatch order.
+    bus.on_all(recorder(seen, "all-1"))
+    bus.on("stream.>", recorder(seen, "pattern-1"))
+    bus.on("stream.text.delta", recorder(seen, "typed-1"))
+    bus.on_all(recorder(seen, "all-2"))
+    bus.on("stream.*.delta", recorder(seen, "pattern-2"))
+    bus.on("stream.text.delta", recorder(seen, "typed-2"))
+
+    bus.publish(delta())
+
+    assert [label for label, _ in seen] == [
+        "typed-1",
+        "typed-2",
+        "pattern-1",
+        "pattern-2",
+        "all-1",
+        "all-2",
+    ]
+
+
+def test_handlers_only_see_what_they_asked_for() -> None:
+    bus = Bus()
+    seen: Seen = []
+    bus.on("stream.thinking.delta", recorder(seen, "thinking"))
+    bus.on("stream.text.*", recorder(seen, "text"))
+    bus.publish(delta())
+    bus.publish(ThinkingDelta(message_id="m1", text="hm"))
+    bus.publish(SessionIdle())
+    assert seen == [("text", 1), ("thinking", 2)]
+
+
+def test_seq_is_strictly_increasing_and_stamped_on_the_envelope() -> None:
+    times = count(100.0)
+    bus = Bus(clock=lambda: next(times), first_seq=41)
+    envelopes = [bus.publish(delta(str(i)), session_id="s", source="test") for i in range(5)]
+    assert [e.seq for e in envelopes] == [41, 42, 43, 44, 45]
+    assert [e.ts for e in envelopes] == [100.0, 101.0, 102.0, 103.0, 104.0]
+    assert {e.session_id for e in envelopes} == {"s"}
+    assert bus.head_seq == 45
+
+
+def test_a_raising_handler_is_isolated_counted_and_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bus = Bus()
+    seen: Seen = []
+    errors: list[HandlerError] = []
+
+    def broken(envelope: Envelope[Event]) -> None:
+        raise RuntimeError("boom")
+
+    bus.on("stream.text.delta", broken)
+    bus.on("stream.text.delta", recorder(seen, "typed"))
+    bus.on_all(recorder(seen, "all"))
+    bus.on_internal_error(errors.append)
+
+    with caplog.at_level(logging.ERROR, logger="busd.bus"):
+        bus.publish(delta())
+        bus.publish(delta())
+
+    assert seen == [("typed", 1), ("all", 1), ("typed", 2), ("all", 2)]
+    assert bus.statistics().handler_errors == 2
+    assert [e.envelope.seq for e in errors] == [1, 2]
+    assert isinstance(errors[0].exception, RuntimeError)
+    assert errors[0].handler is broken
+    assert "failed on stream.text.delta" in caplog.text
+
+
+def test_a_raising_error_listener_does_not_break_dispatch() -> None:
+    bus = Bus()
+    seen: Seen = []
+
+    def broken(envelope: Envelope[Event]) -> None:
+        raise RuntimeError("boom")
+
+    def broken_listener(error: HandlerError) -> None:
+        raise RuntimeError("listener boom")
+
+    bus.on_all(broken)
+    bus.on_all(recorder(seen, "after"))
+    bus.on_internal_error(broken_listener)
+    bus.publish(delta())
+    assert seen == [("after", 1)]
+
+
+def test_publish_from_a_handler_is_breadth_first() -> None:
+    bus = Bus()
+    order: list[tuple[str, int, str]] = []
+
+    def on_delta(envelope: Envelope[Event]) -> None:
+        order.append(("typed", envelope.seq, "delta"))
+        if isinstance(envelope.event, TextDelta) and envelope.event.text == "go":
+            inner = bus.publish(TextComplete(message_id="m1", text="go"))
+            # Sequenced at once, dispatched later.
+            assert inner.seq == envelope.seq + 1
+            order.append(("published", inner.seq, "complete"))
+
+    def catch_all(envelope: Envelope[Event]) -> None:
+        order.append(("all", envelope.seq, type(envelope.event).__name__))
+
+    bus.on("stream.text.delta", on_delta)
+    bus.on_all(catch_all)
+    bus.publish(delta("go"))
+
+    assert order == [
+        ("typed", 1, "delta"),
+        ("published", 2, "complete"),
+        ("all", 1, "TextDelta"),
+        ("all", 2, "TextComplete"),
+    ]
+
+
+@given(st.lists(st.integers(min_value=0, max_value=3), max_size=30))
+def test_dispatch_order_equals_seq_order_under_any_reentrant_publishing(
+    fanouts: list[int],
+) -> None:
+    """Each handler call republishes some number of events; the catch-all sees seq order."""
+    bus = Bus()
+    plan = iter(fanouts)
+    seen: list[int] = []
+
+    def republish(envelope: Envelope[Event]) -> None:
+        for _ in range(next(plan, 0)):
+            bus.publish(delta())
+
+    bus.on("stream.text.delta", republish)
+    bus.on_all(lambda envelope: seen.append(envelope.seq))
+    bus.publish(delta())
+
+    assert seen == list(range(1, bus.head_seq + 1))
+    assert bus.statistics().queued == 0
+
+
+def test_unsubscribe_is_idempotent_and_takes_effect_immediately() -> None:
+    bus = Bus()
+    seen: Seen = []
+    handle = bus.on("stream.text.delta", recorder(seen, "typed"))
+    pattern = bus.on("stream.>", recorder(seen, "pattern"))
+    everything = bus.on_all(recorder(seen, "all"))
+    bus.publish(delta())
+    handle.unsubscribe()
+    handle.unsubscribe()
+    pattern.unsubscribe()
+    with everything:
+        bus.publish(delta())
+    bus.publish(delta())
+    assert seen == [("typed", 1), ("pattern", 1), ("all", 1), ("all", 2)]
+    assert not everything.active
+    stats = bus.statistics()
+    assert (stats.exact_handlers, stats.pattern_handlers, stats.catch_all_handlers) == (0, 0, 0)
+
+
+def test_a_handler_unsubscribed_mid_dispatch_is_not_called_again() -> None:
+    bus = Bus()
+    seen: Seen = []
+    later = bus.on_all(recorder(seen, "later"))
+
+    def first(envelope: Envelope[Event]) -> None:
+        later.unsubscribe()
+
+    bus.on("stream.text.delta", first)
+    bus.publish(delta())
+    assert seen == []
+
+
+def test_unknown_event_types_are_rejected_at_the_boundary() -> None:
+    class Stray(Event, frozen=True, tag="acme.stray"):
+        pass
+
+    bus = Bus()
+    seen: Seen = []
+    bus.on_all(recorder(seen, "all"))
+    with pytest.raises(UnknownEventType, match="not a registered event type"):
+        bus.publish(Stray())
+    with pytest.raises(UnknownEventType):
+        bus.publish("stream.text.delta")  # type: ignore[arg-type]
+    assert seen == []
+    assert bus.head_seq == 0  # a rejected event takes no seq
+
+    bus.catalog.register(Stray)
+    bus.publish(Stray())
+    assert seen == [("all", 1)]
+
+
+def test_subscribing_to_an_unknown_exact_type_or_bad_pattern_fails_loudly() -> None:
+    bus = Bus()
+    with pytest.raises(UnknownEventType, match=r"stream\.text\.deltas"):
+        bus.on("stream.text.deltas", lambda envelope: None)
+    with pytest.raises(InvalidPattern):
+        bus.on("stream.>.delta", lambda envelope: None)
+
+
+def test_route_cache_follows_later_registrations() -> None:
+    bus = Bus()
+    seen: Seen = []
+    bus.publish(Usage(tokens=TokenUsage(output_tokens=1)))
+    bus.on("stream.usage", recorder(seen, "typed"))
+    bus.publish(Usage(tokens=TokenUsage(output_tokens=2)))
+    assert seen == [("typed", 2)]
