@@ -106,4 +106,11 @@ class Catalog:
 
     def json_schema(self) -> dict[str, Any]:
         """JSON Schema of ``Envelope`` over every registered event (for other languages)."""
-        return msgspec.json.schema(self.envelope_type())
+        schema = msgspec.json.schema(self.envelope_type())
+        # msgspec names a parametrized generic after its whole union; call it Envelope.
+        generated = schema["$ref"].rsplit("/", 1)[1]
+        envelope = schema["$defs"].pop(generated)
+        envelope["title"] = "Envelope"
+        schema["$defs"]["Envelope"] = envelope
+        schema["$ref"] = "#/$defs/Envelope"
+        return schema
