@@ -1,0 +1,615 @@
+"""Token usage: one shape for every provider, and the ledger behind ``stream.usage``.
+
+Providers disagree on what "input tokens" means. Anthropic, Bedrock and
+OpenCode report *uncached* input with cache reads and writes beside it;
+OpenAI (chat and Responses), litellm and Copilot report *all* prompt tokens
+with the cached share inside. busd uses the first meaning everywhere, so
+``input + cache_read + cache_write`` is the whole prompt for every provider
+and the same sum can be shown, priced or compared across them.
+``output_tokens`` is each provider's own output figure, so counts match what
+that provider shows and bills: reasoning is inside it for Anthropic, OpenAI,
+Bedrock, litellm and Copilot, and beside it for OpenCode (whose
+``tokens.output`` leaves ``tokens.reasoning`` out).
+
+:func:`normalize_usage` never raises on payload content: a missing, ``None``
+or malformed count is 0, and a cost that is not a plain non-negative number
+stays ``None`` (unknown), never 0 (free).
+
+Two kinds of reports reach the :class:`UsageLedger`: *cumulative* snapshots
+(the counts so far within one model call; Anthropic's ``message_delta``,
+OpenCode's per-message ``tokens``), which are merged with ``max`` so that a
+repeated or late snapshot cannot count twice, and *increments* (one model
+call's own counts; Copilot's ``assistant.usage``), which are added.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .errors import BusdError
+from .events import TokenUsage
+
+__all__ = [
+    "PROVIDERS",
+    "UnknownProvider",
+    "UsageLedger",
+    "UsageLedgerStatistics",
+    "add_usage",
+    "merge_cumulative",
+    "normalize_usage",
+]
+
+_MAX_COUNT = 2**63 - 1
+"""Counts above this are garbage, and would not fit a signed 64-bit wire integer."""
+
+_ZERO = TokenUsage()
+
+
+class UnknownProvider(BusdError, ValueError):
+    """``normalize_usage(provider=...)`` got a name it has no mapping for."""
+
+
+# -- reading untrusted payloads ----------------------------------------------
+
+
+def _get(obj: object, key: str) -> object:
+    """``obj[key]`` for mappings, ``obj.key`` for anything else; ``None`` when absent.
+
+    SDKs hand over dicts, pydantic models, dataclasses and generated classes;
+    all of them are read the same way, and nothing they do can raise here.
+    """
+    if obj is None or isinstance(obj, str | bytes | int | float | list | tuple):
+        return None
+    try:
+        if isinstance(obj, Mapping):
+            return obj.get(key)
+        return getattr(obj, key, None)
+    except Exception:
+        return None
+
+
+def _count(value: object) -> int:
+    """A token count, or 0 when ``value`` is not one (bool, negative, fractional, huge)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return int(value) if 0 <= value <= _MAX_COUNT else 0
+    if isinstance(value, float) and value.is_integer() and 0 <= value <= _MAX_COUNT:
+        return int(value)
+    return 0
+
+
+def _pick(obj: object, *keys: str) -> int:
+    """The largest count among alternative spellings of one field."""
+    best = 0
+    for key in keys:
+        n = _count(_get(obj, key))
+        if n > best:
+            best = n
+    return best
+
+
+def _money(value: object) -> float | None:
+    """A cost in USD, or ``None`` when ``value`` is not a finite non-negative number.
+
+    Also reads ``{"amount": x, "currency": "USD"}`` (the Agent Client Protocol's shape);
+    any other currency is not USD and so stays unknown.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        cost = float(value)
+        return cost if math.isfinite(cost) and cost >= 0 else None
+    if isinstance(value, Mapping):
+        currency = _get(value, "currency")
+        if isinstance(currency, str) and currency.upper() == "USD":
+            return _money(_get(value, "amount"))
+    return None
+
+
+_USD_KEYS = ("cost_usd", "total_cost_usd", "costUSD")
+_PRIMARY_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "inputTokens",
+    "outputTokens",
+    "tokens",
+)
+
+
+def _cost(obj: object, *, plain: bool) -> float | None:
+    """The first valid USD figure on ``obj``; ``plain`` admits a bare ``cost`` field."""
+    for key in _USD_KEYS:
+        cost = _money(_get(obj, key))
+        if cost is not None:
+            return cost
+    return _money(_get(obj, "cost")) if plain else None
+
+
+def _has(obj: object, *keys: str) -> bool:
+    return any(_get(obj, key) is not None for key in keys)
+
+
+# -- one mapping per provider family -----------------------------------------
+
+_Counts = tuple[int, int, int, int, int]
+"""input (uncached), output (as the provider counts it), reasoning, cache read, cache write."""
+
+
+def _inclusive(prompt: int, read: int, write: int) -> int:
+    """Uncached input from a prompt count that already contains the cached tokens."""
+    rest = prompt - read - write
+    return rest if rest > 0 else 0
+
+
+def _anthropic(p: object) -> _Counts:
+    details = _get(p, "output_tokens_details")
+    return (
+        _pick(p, "input_tokens"),
+        _pick(p, "output_tokens"),
+        _pick(details, "thinking_tokens", "reasoning_tokens"),
+        _pick(p, "cache_read_input_tokens"),
+        _pick(p, "cache_creation_input_tokens"),
+    )
+
+
+def _openai_responses(p: object) -> _Counts:
+    read = _pick(_get(p, "input_tokens_details"), "cached_tokens")
+    return (
+        _inclusive(_pick(p, "input_tokens"), read, 0),
+        _pick(p, "output_tokens"),
+        _pick(_get(p, "output_tokens_details"), "reasoning_tokens", "thinking_tokens"),
+        read,
+        0,
+    )
+
+
+def _openai_chat(p: object) -> _Counts:
+    # OpenAI chat completions and litellm's superset of it: prompt_tokens holds every
+    # input token, cached reads (and, in litellm, cache writes) included.
+    prompt_details = _get(p, "prompt_tokens_details")
+    read = max(_pick(prompt_details, "cached_tokens"), _pick(p, "cache_read_input_tokens"))
+    write = max(
+        _pick(prompt_details, "cache_creation_tokens"), _pick(p, "cache_creation_input_tokens")
+    )
+    reasoning = max(
+        _pick(_get(p, "completion_tokens_details"), "reasoning_tokens"),
+        _pick(p, "reasoning_tokens"),
+    )
+    return (
+        _inclusive(_pick(p, "prompt_tokens"), read, write),
+        _pick(p, "completion_tokens"),
+        reasoning,
+        read,
+        write,
+    )
+
+
+def _bedrock(p: object) -> _Counts:
+    # Converse reports cache reads and writes beside inputTokens, not inside it.
+    # cacheCreationInputTokens and thinkingTokens are Claude Code's modelUsage spelling.
+    return (
+        _pick(p, "inputTokens"),
+        _pick(p, "outputTokens"),
+        _pick(p, "reasoningTokens", "thinkingTokens"),
+        _pick(p, "cacheReadInputTokens", "cacheReadInputTokenCount"),
+        _pick(p, "cacheWriteInputTokens", "cacheWriteInputTokenCount", "cacheCreationInputTokens"),
+    )
+
+
+def _copilot(p: object) -> _Counts:
+    # assistant.usage: inputTokens is the whole prompt of the call, cache reads inside.
+    # The Python SDK spells the same fields in snake_case.
+    read = _pick(p, "cacheReadTokens", "cache_read_tokens")
+    write = _pick(p, "cacheWriteTokens", "cache_write_tokens")
+    return (
+        _inclusive(_pick(p, "inputTokens", "input_tokens"), read, write),
+        _pick(p, "outputTokens", "output_tokens"),
+        _pick(p, "reasoningTokens", "reasoning_tokens"),
+        read,
+        write,
+    )
+
+
+def _opencode(p: object) -> _Counts:
+    tokens = _get(p, "tokens")
+    cache = _get(tokens, "cache")
+    inp = _pick(tokens, "input")
+    out = _pick(tokens, "output")
+    reasoning = _pick(tokens, "reasoning")
+    read = _pick(cache, "read")
+    write = _pick(cache, "write")
+    # OpenCode reports reasoning beside ``output`` (total = input + output +
+    # reasoning + cache); busd keeps the provider's own output figure.
+    return inp, out, reasoning, read, write
+
+
+def _busd(p: object) -> _Counts:
+    return (
+        _pick(p, "input_tokens"),
+        _pick(p, "output_tokens"),
+        _pick(p, "reasoning_tokens"),
+        _pick(p, "cache_read_tokens"),
+        _pick(p, "cache_write_tokens"),
+    )
+
+
+_Mapper = Callable[[object], _Counts]
+
+_MAPPERS: dict[str, _Mapper] = {
+    "anthropic": _anthropic,
+    "openai": _openai_chat,
+    "litellm": _openai_chat,
+    "openai_responses": _openai_responses,
+    "bedrock": _bedrock,
+    "copilot": _copilot,
+    "opencode": _opencode,
+    "busd": _busd,
+}
+_ALIASES = {"claude": "anthropic", "claude_code": "anthropic", "responses": "openai_responses"}
+
+PROVIDERS: tuple[str, ...] = tuple(_MAPPERS)
+"""Provider names :func:`normalize_usage` accepts (plus aliases ``claude``, ``responses``)."""
+
+
+_COPILOT_CAMEL = (
+    "cacheReadTokens",
+    "cacheWriteTokens",
+    "reasoningTokens",
+    "cost",
+    "copilotUsage",
+    "apiCallId",
+    "providerCallId",
+    "quotaSnapshots",
+)
+_COPILOT_SNAKE = (
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "copilot_usage",
+    "api_call_id",
+    "provider_call_id",
+    "quota_snapshots",
+)
+
+
+def _detect(p: object) -> str:
+    """Which provider family wrote ``p``, from the keys it carries."""
+    if _get(p, "tokens") is not None:
+        return "opencode"
+    if _has(p, "inputTokens", "outputTokens"):
+        # Bedrock never carries a plain ``cost``; Copilot's is a multiplier that must
+        # not be read as USD. Bare {inputTokens, outputTokens} maps the same either way.
+        if _has(p, *_COPILOT_CAMEL):
+            return "copilot"
+        return "bedrock"
+    if _has(p, "prompt_tokens", "completion_tokens"):
+        return "openai"
+    if _has(p, "input_tokens", "output_tokens"):
+        if _get(p, "input_tokens_details") is not None:
+            return "openai_responses"
+        if _has(p, "cache_read_input_tokens", "cache_creation_input_tokens"):
+            return "anthropic"
+        if _has(p, *_COPILOT_SNAKE):
+            return "copilot"
+        details = _get(p, "output_tokens_details")
+        if _get(details, "reasoning_tokens") is not None:
+            return "openai_responses"
+    return "anthropic"
+
+
+def normalize_usage(payload: object, *, provider: str | None = None) -> TokenUsage:
+    """The token usage in a provider's payload, as a :class:`~busd.events.TokenUsage`.
+
+    ``payload`` may be a dict or any object with attributes (an SDK model, a
+    dataclass). A wrapper that carries the counts under ``usage`` (an
+    Anthropic message, an OpenAI completion, Claude Code's ``result``,
+    ``busd.run.finished``) is unwrapped, and its own cost field counts; a
+    ``TokenUsage`` or a ``stream.usage`` event passes through. ``provider``
+    picks the mapping (see :data:`PROVIDERS`); without it the keys present
+    decide, which adapters should not rely on when they know their SDK. Bad
+    content never raises: bad counts are 0 and a cost that is not a USD
+    number is ``None``. Copilot's ``cost`` is a premium-request multiplier,
+    not money, so it is never read as USD.
+
+    :raises UnknownProvider: ``provider`` is not a known name.
+    """
+    name: str | None = None
+    if provider is not None:
+        name = provider.lower().replace("-", "_")
+        name = _ALIASES.get(name, name)
+        if name not in _MAPPERS:
+            raise UnknownProvider(
+                f"no usage mapping for provider {provider!r}; known: {', '.join(PROVIDERS)}"
+            )
+    outer = payload
+    inner = _get(payload, "usage")
+    if inner is not None and not _has(payload, *_PRIMARY_KEYS):
+        payload = inner
+    elif isinstance(tokens := _get(payload, "tokens"), TokenUsage):
+        payload = tokens  # a stream.usage event
+    if name is None:
+        name = "busd" if isinstance(payload, TokenUsage) else _detect(payload)
+    inp, out, reasoning, read, write = _MAPPERS[name](payload)
+    plain = name != "copilot"
+    cost = _cost(payload, plain=plain)
+    if cost is None and outer is not payload:
+        cost = _cost(outer, plain=plain)
+    return TokenUsage(
+        input_tokens=inp,
+        output_tokens=out,
+        reasoning_tokens=reasoning if name == "opencode" else min(reasoning, out),
+        cache_read_tokens=read,
+        cache_write_tokens=write,
+        cost_usd=cost,
+    )
+
+
+# -- arithmetic --------------------------------------------------------------
+
+
+def merge_cumulative(a: TokenUsage, b: TokenUsage) -> TokenUsage:
+    """Two snapshots of one running total: the field-wise max.
+
+    Commutative, associative and idempotent, so snapshots can arrive in any
+    order, any number of times. The cost is the larger known one; ``None``
+    only when both are unknown.
+    """
+    if a == b:
+        return a
+    if a.cost_usd is None:
+        cost = b.cost_usd
+    elif b.cost_usd is None:
+        cost = a.cost_usd
+    else:
+        cost = max(a.cost_usd, b.cost_usd)
+    return TokenUsage(
+        input_tokens=max(a.input_tokens, b.input_tokens),
+        output_tokens=max(a.output_tokens, b.output_tokens),
+        reasoning_tokens=max(a.reasoning_tokens, b.reasoning_tokens),
+        cache_read_tokens=max(a.cache_read_tokens, b.cache_read_tokens),
+        cache_write_tokens=max(a.cache_write_tokens, b.cache_write_tokens),
+        cost_usd=cost,
+    )
+
+
+def add_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
+    """Usage of two separate calls together: the field-wise sum.
+
+    A known cost plus an unknown one is unknown: the sum would understate
+    what was spent. The empty usage ``TokenUsage()`` (no tokens, cost
+    unknown) stands for "nothing" and is the identity, so summing from it
+    keeps a known cost known.
+    """
+    if a == _ZERO:
+        return b
+    if b == _ZERO:
+        return a
+    cost = None if a.cost_usd is None or b.cost_usd is None else a.cost_usd + b.cost_usd
+    return TokenUsage(
+        input_tokens=a.input_tokens + b.input_tokens,
+        output_tokens=a.output_tokens + b.output_tokens,
+        reasoning_tokens=a.reasoning_tokens + b.reasoning_tokens,
+        cache_read_tokens=a.cache_read_tokens + b.cache_read_tokens,
+        cache_write_tokens=a.cache_write_tokens + b.cache_write_tokens,
+        cost_usd=cost,
+    )
+
+
+# -- the ledger --------------------------------------------------------------
+
+
+class _Tally:
+    """Mutable counts of one turn or one running total (no allocation per record)."""
+
+    __slots__ = ("cache_read", "cache_write", "cost", "input", "output", "reasoning")
+
+    def __init__(self) -> None:
+        self.input = 0
+        self.output = 0
+        self.reasoning = 0
+        self.cache_read = 0
+        self.cache_write = 0
+        self.cost: float | None = None
+
+    def bump(self, di: int, do: int, dr: int, dcr: int, dcw: int, dcost: float | None) -> None:
+        self.input += di
+        self.output += do
+        self.reasoning += dr
+        self.cache_read += dcr
+        self.cache_write += dcw
+        if dcost is not None:
+            self.cost = dcost if self.cost is None else self.cost + dcost
+
+    def snapshot(self) -> TokenUsage:
+        return TokenUsage(
+            input_tokens=self.input,
+            output_tokens=self.output,
+            reasoning_tokens=self.reasoning,
+            cache_read_tokens=self.cache_read,
+            cache_write_tokens=self.cache_write,
+            cost_usd=self.cost,
+        )
+
+
+class _Turn(_Tally):
+    __slots__ = ("run_id",)
+
+    def __init__(self, run_id: str | None) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+
+class _Session:
+    __slots__ = ("forgotten", "total", "turns")
+
+    def __init__(self) -> None:
+        self.turns: dict[str, _Turn] = {}
+        self.forgotten: dict[str, None] = {}
+        self.total = _Tally()
+
+
+@dataclass(frozen=True, slots=True)
+class UsageLedgerStatistics:
+    """A snapshot of what a :class:`UsageLedger` holds and has seen."""
+
+    sessions: int
+    runs: int
+    turns: int
+    """Turns still held (the last ``turns_per_session`` of each session)."""
+    records: int
+    unchanged: int
+    """Records that changed nothing: repeated or older cumulative snapshots."""
+    late: int
+    """Records for turns already forgotten; ignored."""
+    forgotten_turns: int
+
+
+def _nonneg(n: int) -> int:
+    return n if n > 0 else 0
+
+
+class UsageLedger:
+    """Per-turn usage and running totals per run and per session.
+
+    A *turn* is one model call (its ``turn_id`` is typically the provider's
+    message id). A new turn starts from zero; a session's or run's total is
+    the sum over its turns of each turn's latest value, which is how both
+    OpenCode's "tokens restart at the next message" and Claude Code's several
+    model calls in one user turn add up. Totals only grow.
+
+    Costs: a turn's cost is unknown until a record carries one, and a total
+    adds up the turns that have a cost; it is ``None`` only while none has.
+    (Unlike :func:`add_usage`, a running total never falls back to unknown,
+    because counts on the bus are monotonic.)
+
+    Memory is bounded per session: only the last ``turns_per_session`` turns
+    are held, older ones stay folded into the totals, and records that still
+    arrive for them are ignored and counted as ``late`` (the ids of as many
+    again forgotten turns are remembered for that). Call
+    :meth:`forget_session` and :meth:`forget_run` when those are over.
+    """
+
+    __slots__ = ("_forgotten", "_keep", "_late", "_records", "_runs", "_sessions", "_unchanged")
+
+    def __init__(self, *, turns_per_session: int = 256) -> None:
+        if turns_per_session < 1:
+            raise ValueError("turns_per_session must be at least 1")
+        self._keep = turns_per_session
+        self._sessions: dict[str, _Session] = {}
+        self._runs: dict[str, _Tally] = {}
+        self._records = 0
+        self._unchanged = 0
+        self._late = 0
+        self._forgotten = 0
+
+    def record(
+        self,
+        *,
+        session_id: str,
+        run_id: str | None,
+        turn_id: str,
+        usage: TokenUsage,
+        cumulative: bool,
+    ) -> bool:
+        """Take one usage report for ``turn_id``; return whether any total changed.
+
+        ``cumulative=True``: ``usage`` is the turn's count so far (merged with
+        max, so repeats and stale snapshots are no-ops). ``cumulative=False``:
+        ``usage`` is an increment, added once per call; delivering it twice
+        counts it twice. A turn belongs to the run of its first record.
+        """
+        self._records += 1
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = _Session()
+        turn = session.turns.get(turn_id)
+        if turn is None:
+            if turn_id in session.forgotten:
+                self._late += 1
+                return False
+            turn = session.turns[turn_id] = _Turn(run_id)
+            if len(session.turns) > self._keep:
+                self._forget_oldest(session)
+
+        ui = _nonneg(usage.input_tokens)
+        uo = _nonneg(usage.output_tokens)
+        ur = _nonneg(usage.reasoning_tokens)
+        ucr = _nonneg(usage.cache_read_tokens)
+        ucw = _nonneg(usage.cache_write_tokens)
+        ucost = _money(usage.cost_usd)
+        dcost: float | None = None
+        if cumulative:
+            di = _nonneg(ui - turn.input)
+            do = _nonneg(uo - turn.output)
+            dr = _nonneg(ur - turn.reasoning)
+            dcr = _nonneg(ucr - turn.cache_read)
+            dcw = _nonneg(ucw - turn.cache_write)
+            if ucost is not None:
+                if turn.cost is None:
+                    dcost = ucost
+                elif ucost > turn.cost:
+                    dcost = ucost - turn.cost
+        else:
+            di, do, dr, dcr, dcw = ui, uo, ur, ucr, ucw
+            if ucost is not None and (turn.cost is None or ucost > 0):
+                dcost = ucost
+        if not (di or do or dr or dcr or dcw) and dcost is None:
+            self._unchanged += 1
+            return False
+
+        turn.bump(di, do, dr, dcr, dcw, dcost)
+        session.total.bump(di, do, dr, dcr, dcw, dcost)
+        if turn.run_id is not None:
+            run = self._runs.get(turn.run_id)
+            if run is None:
+                run = self._runs[turn.run_id] = _Tally()
+            run.bump(di, do, dr, dcr, dcw, dcost)
+        return True
+
+    def _forget_oldest(self, session: _Session) -> None:
+        oldest = next(iter(session.turns))
+        del session.turns[oldest]
+        session.forgotten[oldest] = None
+        if len(session.forgotten) > self._keep:
+            del session.forgotten[next(iter(session.forgotten))]
+        self._forgotten += 1
+
+    def turn(self, session_id: str, turn_id: str) -> TokenUsage:
+        """The usage of one turn so far (empty if unknown or forgotten)."""
+        session = self._sessions.get(session_id)
+        turn = None if session is None else session.turns.get(turn_id)
+        return _ZERO if turn is None else turn.snapshot()
+
+    def run_total(self, run_id: str) -> TokenUsage:
+        """Everything recorded for the turns of ``run_id`` (empty if unknown)."""
+        run = self._runs.get(run_id)
+        return _ZERO if run is None else run.snapshot()
+
+    def session_total(self, session_id: str) -> TokenUsage:
+        """Everything recorded for ``session_id`` (empty if unknown)."""
+        session = self._sessions.get(session_id)
+        return _ZERO if session is None else session.total.snapshot()
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop a finished session's turns and total (its runs keep their totals)."""
+        self._sessions.pop(session_id, None)
+
+    def forget_run(self, run_id: str) -> None:
+        """Drop a finished run's total."""
+        self._runs.pop(run_id, None)
+
+    def statistics(self) -> UsageLedgerStatistics:
+        return UsageLedgerStatistics(
+            sessions=len(self._sessions),
+            runs=len(self._runs),
+            turns=sum(len(s.turns) for s in self._sessions.values()),
+            records=self._records,
+            unchanged=self._unchanged,
+            late=self._late,
+            forgotten_turns=self._forgotten,
+        )
