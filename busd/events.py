@@ -35,6 +35,7 @@ __all__ = [
     "RunFinished",
     "RunStarted",
     "SessionCompaction",
+    "SessionContext",
     "SessionError",
     "SessionIdle",
     "SessionInfo",
@@ -78,7 +79,10 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     On the bus these are running totals: consumers keep the max of each
     field, so a repeated or late delivery can never make a count go down.
-    ``reasoning_tokens`` is the part of ``output_tokens`` spent thinking.
+    ``input_tokens`` is uncached input (cache reads and writes stand beside
+    it). ``output_tokens`` is the provider's own output figure and
+    ``reasoning_tokens`` the thinking it reports: inside the output for
+    Anthropic, OpenAI and Copilot, beside it for OpenCode.
     ``cost_usd`` is ``None`` when unknown, which is not the same as free.
     """
 
@@ -182,6 +186,16 @@ class SessionTruncation(Event, frozen=True, tag="stream.session.truncation"):
 
     tokens_removed: int | None = None
     messages_removed: int | None = None
+
+
+class SessionContext(Event, frozen=True, tag="stream.session.context"):
+    """The provider's own report of the context window (Copilot usage_info, ACP usage_update).
+
+    A reported figure wins over busd's estimate until the next model call.
+    """
+
+    used: int
+    window: int | None = None
 
 
 # -- stream.turn.* -----------------------------------------------------------
@@ -345,8 +359,9 @@ class PermissionResolved(Event, frozen=True, tag="stream.permission.resolved"):
 class StreamingStats(Event, frozen=True, tag="busd.stats"):
     """What a live status line shows for the envelope's session.
 
-    ``output_estimated`` is true while the count is an estimate because no
-    adapter has reported an authoritative one yet.
+    ``output_estimated`` is true while the count includes output estimated
+    from text seen since the last authoritative usage report. ``elapsed_s``
+    is busy time: it pauses while the session is idle.
     """
 
     elapsed_s: float
@@ -423,8 +438,9 @@ class Envelope(msgspec.Struct, Generic[E], frozen=True, omit_defaults=True):
 
     ``seq`` is daemon-wide and strictly increasing; ``ts`` is the accept time
     in seconds since the epoch. ``agent_id`` is set for sub-agent events (and
-    so unset means the main chat); ``stale`` marks events from a run that is
-    no longer active.
+    so unset means the main chat); on ``stream.agent.*`` events it is the
+    agent that spawned the sub-agent. ``stale`` marks events from a run that
+    is no longer active.
     """
 
     seq: int

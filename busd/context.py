@@ -1,0 +1,485 @@
+"""Context window estimate: how full the window will be on the next model call.
+
+Sans-I/O and clock-free. The core is a handful of methods that say what
+happened (:meth:`ContextWindow.set_system`, :meth:`~ContextWindow.add_message`,
+:meth:`~ContextWindow.record_call`, :meth:`~ContextWindow.compacted`,
+:meth:`~ContextWindow.cancelled`, :meth:`~ContextWindow.observe_reported`);
+:meth:`ContextWindow.observe` maps stream envelopes onto them.
+
+The figure shown is ``used``, and it is anchored on the last actual count:
+
+- after a call: ``last_input + last_output + estimate(messages since)``,
+  where ``last_input`` counts cache reads and writes too (all of it was
+  context) and the new messages are estimated (:mod:`busd.estimate`);
+- after a provider reported the window state (Copilot's usage info): that
+  figure plus what was added since; the most recent actual count wins;
+- before any call, or after a compaction: a pure estimate, system prompt +
+  tool specs + messages (or the compaction's ``tokens_after`` + messages),
+  flagged ``estimated``.
+
+:meth:`ContextWindow.should_compact` decides from that same ``used`` figure,
+so what the user sees is what the decision was made on. docs/accounting.md
+has the full rules.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .estimate import estimate_json_tokens, estimate_tokens
+from .events import (
+    ContextBreakdown,
+    ContextUsage,
+    Envelope,
+    Event,
+    RunStarted,
+    SessionCompaction,
+    SessionContext,
+    SessionIdle,
+    SessionStart,
+    SessionTruncation,
+    TextComplete,
+    TextDelta,
+    TokenUsage,
+    ToolComplete,
+    ToolStart,
+    TurnEnd,
+    TurnStart,
+    Usage,
+)
+
+__all__ = [
+    "ContextRegistry",
+    "ContextRegistryStatistics",
+    "ContextStatistics",
+    "ContextWindow",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ContextStatistics:
+    """How well the estimate predicted the actual input of the calls that followed.
+
+    ``mean_error`` is signed (positive: the estimate was too high), in tokens;
+    ``mean_abs_pct_error`` is the mean of ``|estimate - actual| / actual`` in
+    percent. Both cover the last ``samples`` calls and are ``None`` without any.
+    """
+
+    calls: int
+    samples: int
+    last_error: int | None
+    mean_error: float | None
+    mean_abs_pct_error: float | None
+
+
+def _context_input(usage: TokenUsage) -> int:
+    return usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+
+
+def _max_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
+    return TokenUsage(
+        input_tokens=max(a.input_tokens, b.input_tokens),
+        output_tokens=max(a.output_tokens, b.output_tokens),
+        reasoning_tokens=max(a.reasoning_tokens, b.reasoning_tokens),
+        cache_read_tokens=max(a.cache_read_tokens, b.cache_read_tokens),
+        cache_write_tokens=max(a.cache_write_tokens, b.cache_write_tokens),
+    )
+
+
+def _minus(a: TokenUsage, b: TokenUsage | None) -> TokenUsage:
+    if b is None:
+        return a
+    return TokenUsage(
+        input_tokens=max(0, a.input_tokens - b.input_tokens),
+        output_tokens=max(0, a.output_tokens - b.output_tokens),
+        reasoning_tokens=max(0, a.reasoning_tokens - b.reasoning_tokens),
+        cache_read_tokens=max(0, a.cache_read_tokens - b.cache_read_tokens),
+        cache_write_tokens=max(0, a.cache_write_tokens - b.cache_write_tokens),
+    )
+
+
+def _tokens(text_or_tokens: str | int) -> int:
+    if isinstance(text_or_tokens, str):
+        return estimate_tokens(text_or_tokens)
+    if text_or_tokens < 0:
+        raise ValueError(f"a token count cannot be negative: {text_or_tokens}")
+    return text_or_tokens
+
+
+class ContextWindow:
+    """The context fill of one conversation (one session's main agent, or one sub-agent).
+
+    :param window: the model's context window in tokens, ``None`` if unknown
+        (then ``percent`` and ``free`` are ``None`` and nothing asks to compact).
+    :param threshold: fraction of the window at which :meth:`should_compact`
+        says yes.
+    :param max_samples: how many estimate-vs-actual errors are kept.
+    """
+
+    __slots__ = (
+        "_actual",
+        "_anchor",
+        "_calls",
+        "_cumulative",
+        "_errors",
+        "_last_input",
+        "_last_output",
+        "_pending",
+        "_prediction",
+        "_since",
+        "_system",
+        "_threshold",
+        "_tools",
+        "_turn_base",
+        "_turn_open",
+        "_turn_usage",
+        "_window",
+    )
+
+    def __init__(
+        self, window: int | None = None, *, threshold: float = 0.8, max_samples: int = 256
+    ) -> None:
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], not {threshold}")
+        if max_samples < 1:
+            raise ValueError("max_samples must be at least 1")
+        self._window: int | None = None
+        self.set_window(window)
+        self._threshold = threshold
+        self._system = 0
+        self._tools = 0
+        self._anchor: int | None = None  # last actual (or compaction) figure
+        self._actual = False  # whether the anchor is a provider count
+        self._since = 0  # estimated tokens added since the anchor (or since the start)
+        self._last_input: int | None = None
+        self._last_output = 0
+        self._prediction: int | None = None  # `used` when the pending call went out
+        self._errors: deque[tuple[int, int]] = deque(maxlen=max_samples)  # (estimate, actual)
+        self._calls = 0
+        # observe(): per-call figures out of cumulative stream.usage reports
+        self._cumulative: TokenUsage | None = None
+        self._turn_base: TokenUsage | None = None
+        self._turn_open = False
+        self._turn_usage = False
+        self._pending: dict[str, list[str]] = {}  # streamed text of this call not yet complete
+
+    # -- reading -----------------------------------------------------------
+
+    @property
+    def window(self) -> int | None:
+        return self._window
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
+
+    @property
+    def used(self) -> int:
+        """Tokens the next call is expected to send: the figure shown and acted on."""
+        if self._anchor is None:
+            return self._system + self._tools + self._since
+        return self._anchor + self._since
+
+    @property
+    def estimated(self) -> bool:
+        """True while no provider count backs :attr:`used` (no call yet, or just compacted)."""
+        return not self._actual
+
+    @property
+    def last_input(self) -> int | None:
+        """Input of the last call, cache reads and writes included; ``None`` before one."""
+        return self._last_input
+
+    @property
+    def last_output(self) -> int:
+        return self._last_output
+
+    def percent(self) -> float | None:
+        """``used`` as a percentage of the window (may pass 100); ``None`` if unknown."""
+        if self._window is None:
+            return None
+        return 100.0 * self.used / self._window
+
+    def should_compact(self) -> bool:
+        """Whether the shown figure reached ``threshold`` of the window."""
+        return self._window is not None and self.used >= self._threshold * self._window
+
+    def breakdown(self) -> ContextBreakdown:
+        """Where ``used`` goes; the parts sum to ``used`` and none is negative.
+
+        System and tool figures are estimates, so after a call they are capped
+        by the actual total and ``messages`` is what remains of it.
+        """
+        used = self.used
+        system = min(self._system, used)
+        tools = min(self._tools, used - system)
+        free = None if self._window is None else max(0, self._window - used)
+        return ContextBreakdown(
+            system=system, tools=tools, messages=used - system - tools, free=free
+        )
+
+    def snapshot(self) -> ContextUsage:
+        used = self.used
+        window = self._window
+        return ContextUsage(
+            used=used,
+            window=window,
+            percent=None if window is None else 100.0 * used / window,
+            estimated=not self._actual,
+            breakdown=self.breakdown(),
+        )
+
+    def statistics(self) -> ContextStatistics:
+        errors = self._errors
+        if not errors:
+            return ContextStatistics(self._calls, 0, None, None, None)
+        n = len(errors)
+        signed = sum(estimate - actual for estimate, actual in errors)
+        with_actual = [(e, a) for e, a in errors if a > 0]
+        mape = (
+            100.0 * sum(abs(e - a) / a for e, a in with_actual) / len(with_actual)
+            if with_actual
+            else None
+        )
+        last_estimate, last_actual = errors[-1]
+        return ContextStatistics(
+            calls=self._calls,
+            samples=n,
+            last_error=last_estimate - last_actual,
+            mean_error=signed / n,
+            mean_abs_pct_error=mape,
+        )
+
+    # -- what happened -----------------------------------------------------
+
+    def set_window(self, window: int | None) -> None:
+        if window is not None and window <= 0:
+            raise ValueError(f"a context window must be positive, not {window}")
+        self._window = window
+
+    def set_system(self, text_or_tokens: str | int) -> None:
+        """The system prompt (text to estimate, or a known count)."""
+        self._system = _tokens(text_or_tokens)
+
+    def set_tools(self, specs: Iterable[object] | int) -> None:
+        """The tool specs sent with every call (JSON-like values, or a known count)."""
+        if isinstance(specs, int):
+            self._tools = _tokens(specs)
+        else:
+            self._tools = sum(estimate_json_tokens(spec) for spec in specs)
+
+    def add_message(self, text_or_tokens: str | int) -> int:
+        """Something that will be in the next call's input; returns its estimate."""
+        tokens = _tokens(text_or_tokens)
+        self._since += tokens
+        return tokens
+
+    def call_started(self) -> None:
+        """A call went out: freeze the figure shown now as its prediction.
+
+        Without it, :meth:`record_call` compares with the figure shown just
+        before the actual count arrived.
+        """
+        self._prediction = self.used
+
+    def record_call(self, usage: TokenUsage, *, update: bool = False) -> None:
+        """The provider's count of one call; it becomes the new anchor.
+
+        Records the estimate error of this call (once: ``update=True`` marks
+        a later, more complete report of the call already recorded).
+        """
+        actual_input = _context_input(usage)
+        if not update:
+            self._calls += 1
+            predicted = self._prediction if self._prediction is not None else self.used
+            if predicted > 0:  # nothing shown, nothing to grade
+                self._errors.append((predicted, actual_input))
+        self._prediction = None
+        self._last_input = actual_input
+        self._last_output = usage.output_tokens
+        self._anchor = actual_input + usage.output_tokens
+        self._actual = True
+        self._since = 0
+
+    def observe_reported(self, window: int | None, used: int) -> None:
+        """A provider's own view of the window (e.g. Copilot usage info); it wins."""
+        if used < 0:
+            raise ValueError(f"used cannot be negative: {used}")
+        if window is not None:
+            self.set_window(window)
+        self._anchor = used
+        self._actual = True
+        self._since = 0
+
+    def compacted(self, tokens_after: int | None = None) -> None:
+        """The conversation was summarized; estimate afresh from what remains."""
+        self._anchor = tokens_after
+        self._actual = False
+        self._since = 0
+        self._prediction = None
+
+    def truncated(self, tokens_removed: int) -> None:
+        """Old messages were dropped; the figure shrinks (never below zero)."""
+        if self._anchor is not None:
+            self._anchor = max(0, self._anchor - tokens_removed)
+        else:
+            self._since = max(0, self._since - tokens_removed)
+
+    def cancelled(self, partial_output: str | int = "") -> None:
+        """A call was cut short with no usage: keep the last actuals, add its partial output."""
+        self._prediction = None
+        self.add_message(partial_output)
+
+    # -- from the stream ---------------------------------------------------
+
+    def observe(self, envelope: Envelope[Event]) -> None:
+        """Map one envelope of this conversation onto the methods above.
+
+        Feed only the envelopes of one conversation (same ``session_id`` and
+        ``agent_id``): :class:`ContextRegistry` does that routing.
+        ``stream.usage`` is cumulative, so each call's figures are the
+        difference from the report before its ``stream.turn.start``; without
+        turn events, a report whose input grew starts a new call.
+        """
+        event = envelope.event
+        if type(event) is TextDelta:
+            if not self._turn_usage and event.text:
+                pending = self._pending.get(event.message_id)
+                if pending is None:
+                    self._pending[event.message_id] = [event.text]
+                else:
+                    pending.append(event.text)
+        elif type(event) is ToolComplete:
+            # A tool result is input of the next call, whatever the turn state.
+            self.add_message(event.output or event.error or "")
+        elif type(event) is Usage:
+            self._usage(event.tokens)
+        elif type(event) is TextComplete:
+            self._pending.pop(event.message_id, None)
+            if not self._turn_usage:  # after the usage, it is in last_output
+                self.add_message(event.text)
+        elif type(event) is ToolStart:
+            if not self._turn_usage:
+                self.add_message(estimate_tokens(event.name) + estimate_json_tokens(event.input))
+        elif type(event) is TurnStart:
+            self._turn_open = True
+            self._turn_usage = False
+            self._turn_base = self._cumulative
+            self._pending.clear()
+            self.call_started()
+        elif type(event) is TurnEnd:
+            self._end_turn(cancelled=event.finish_reason == "cancelled")
+        elif type(event) is SessionIdle:
+            if self._turn_open:
+                self._end_turn(cancelled=event.aborted)
+        elif type(event) is RunStarted:
+            if event.prompt:
+                self.add_message(event.prompt)
+        elif type(event) is SessionCompaction:
+            self.compacted(event.tokens_after)
+        elif type(event) is SessionTruncation and event.tokens_removed:
+            self.truncated(event.tokens_removed)
+        elif type(event) is SessionContext:
+            self.observe_reported(event.window, max(0, event.used))
+
+    def _end_turn(self, *, cancelled: bool) -> None:
+        if cancelled and not self._turn_usage:
+            # The partial answer stays in the transcript: estimate it in one pass.
+            self.cancelled("".join("".join(texts) for texts in self._pending.values()))
+        self._prediction = None
+        self._pending.clear()
+        self._turn_open = False
+        self._turn_usage = False
+
+    def _usage(self, tokens: TokenUsage) -> None:
+        previous = self._cumulative
+        cumulative = tokens if previous is None else _max_usage(previous, tokens)
+        if cumulative == previous:
+            return  # a repeat or a late snapshot
+        self._cumulative = cumulative
+        if self._turn_open:
+            update = self._turn_usage
+        elif previous is None or _context_input(cumulative) > _context_input(previous):
+            self._turn_base = previous  # an implicit call start
+            update = False
+        else:
+            update = True
+        call = _minus(cumulative, self._turn_base)
+        if _context_input(call) == 0:
+            return  # a late report of an earlier call: every call has some input
+        self.record_call(call, update=update)
+        self._turn_usage = self._turn_open
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRegistryStatistics:
+    windows: int
+    evicted: int
+
+
+class ContextRegistry:
+    """One :class:`ContextWindow` per conversation, keyed by ``(session_id, agent_id)``.
+
+    :param window: the window of a new conversation when ``window_for``
+        does not know its model.
+    :param window_for: maps a model name (from ``stream.session.start`` or
+        ``stream.usage``) to its window; ``None`` for "don't know".
+    :param max_windows: bound; the least recently fed conversation goes first.
+    """
+
+    __slots__ = ("_evicted", "_max", "_threshold", "_window", "_window_for", "_windows")
+
+    def __init__(
+        self,
+        *,
+        window: int | None = None,
+        window_for: Callable[[str], int | None] | None = None,
+        threshold: float = 0.8,
+        max_windows: int = 1024,
+    ) -> None:
+        if max_windows < 1:
+            raise ValueError("max_windows must be at least 1")
+        self._window = window
+        self._window_for = window_for
+        self._threshold = threshold
+        self._max = max_windows
+        self._windows: dict[tuple[str, str | None], ContextWindow] = {}
+        self._evicted = 0
+
+    def get(self, session_id: str, agent_id: str | None = None) -> ContextWindow | None:
+        return self._windows.get((session_id, agent_id))
+
+    def window(self, session_id: str, agent_id: str | None = None) -> ContextWindow:
+        """The conversation's window, created on first use (and made most recent)."""
+        key = (session_id, agent_id)
+        windows = self._windows
+        found = windows.pop(key, None)
+        if found is None:
+            if len(windows) >= self._max:
+                del windows[next(iter(windows))]
+                self._evicted += 1
+            found = ContextWindow(self._window, threshold=self._threshold)
+        windows[key] = found
+        return found
+
+    def observe(self, envelope: Envelope[Event]) -> ContextWindow | None:
+        """Route the envelope to its conversation; returns the window it fed, if any."""
+        session_id = envelope.session_id
+        if session_id is None:
+            return None
+        context = self.window(session_id, envelope.agent_id)
+        event = envelope.event
+        if self._window_for is not None and (type(event) is SessionStart or type(event) is Usage):
+            size = self._window_for(event.model) if event.model else None
+            if size is not None:
+                context.set_window(size)
+        context.observe(envelope)
+        return context
+
+    def discard(self, session_id: str, agent_id: str | None = None) -> None:
+        self._windows.pop((session_id, agent_id), None)
+
+    def statistics(self) -> ContextRegistryStatistics:
+        return ContextRegistryStatistics(windows=len(self._windows), evicted=self._evicted)

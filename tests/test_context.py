@@ -1,0 +1,392 @@
+from __future__ import annotations
+
+from itertools import count
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from busd.context import ContextRegistry, ContextWindow
+from busd.estimate import estimate_json_tokens, estimate_tokens
+from busd.events import (
+    ContextBreakdown,
+    Envelope,
+    Event,
+    RunStarted,
+    SessionCompaction,
+    SessionContext,
+    SessionStart,
+    TextComplete,
+    TextDelta,
+    TokenUsage,
+    ToolComplete,
+    TurnEnd,
+    TurnStart,
+    Usage,
+)
+
+_seq = count(1)
+
+SYSTEM = "You are a careful coding agent. Answer briefly and run the tests."
+TOOLS = [{"name": "bash", "input_schema": {"type": "object", "properties": {"cmd": {}}}}]
+
+
+def env(event: Event, *, session: str = "s1", agent: str | None = None) -> Envelope[Event]:
+    return Envelope(next(_seq), 0.0, event, session, None, agent)
+
+
+def call(
+    input_tokens: int = 0, output: int = 0, *, cache_read: int = 0, cache_write: int = 0
+) -> TokenUsage:
+    return TokenUsage(
+        input_tokens=input_tokens,
+        output_tokens=output,
+        cache_read_tokens=cache_read,
+        cache_write_tokens=cache_write,
+    )
+
+
+# -- the figure ----------------------------------------------------------------
+
+
+def test_before_any_call_the_figure_is_a_pure_estimate() -> None:
+    context = ContextWindow(200_000)
+    context.set_system(SYSTEM)
+    context.set_tools(TOOLS)
+    context.add_message("Please fix the failing test in tests/test_x.py")
+
+    system = estimate_tokens(SYSTEM)
+    tools = sum(estimate_json_tokens(t) for t in TOOLS)
+    messages = estimate_tokens("Please fix the failing test in tests/test_x.py")
+    usage = context.snapshot()
+    assert usage.used == system + tools + messages
+    assert usage.estimated is True
+    assert usage.breakdown == ContextBreakdown(
+        system=system, tools=tools, messages=messages, free=200_000 - usage.used
+    )
+
+
+def test_after_a_call_the_figure_is_last_input_with_cache_plus_output_plus_new_messages() -> None:
+    context = ContextWindow(200_000)
+    context.set_system(SYSTEM)
+    context.record_call(call(10, 143, cache_read=14_926, cache_write=39_452))
+
+    assert context.used == 10 + 14_926 + 39_452 + 143
+    assert context.estimated is False
+    assert context.last_input == 10 + 14_926 + 39_452
+
+    context.add_message(500)
+    context.add_message("tool output")
+    assert context.used == 10 + 14_926 + 39_452 + 143 + 500 + estimate_tokens("tool output")
+    assert context.snapshot().estimated is False
+
+
+def test_after_compaction_with_a_figure_it_restarts_from_that_figure_as_an_estimate() -> None:
+    context = ContextWindow(100_000)
+    context.record_call(call(90_000, 1_000))
+    context.compacted(tokens_after=12_000)
+
+    assert context.used == 12_000
+    assert context.estimated is True
+    context.add_message(300)
+    assert context.used == 12_300
+
+
+def test_after_compaction_without_a_figure_it_restarts_from_system_and_tools() -> None:
+    context = ContextWindow(100_000)
+    context.set_system(2_000)
+    context.set_tools(3_000)
+    context.record_call(call(90_000, 1_000))
+    context.compacted()
+
+    assert context.used == 5_000
+    assert context.estimated is True
+
+
+def test_a_cancelled_call_keeps_the_last_actuals_and_adds_its_partial_output() -> None:
+    context = ContextWindow(100_000)
+    context.record_call(call(1_000, 200))
+    context.add_message(50)
+    context.cancelled("I was about to say")
+
+    assert context.used == 1_200 + 50 + estimate_tokens("I was about to say")
+    assert context.last_input == 1_000
+    assert context.estimated is False
+
+
+def test_breakdown_is_back_calculated_and_never_negative() -> None:
+    context = ContextWindow(10_000)
+    context.set_system(6_000)  # an over-estimate: the real call says 5,000 in all
+    context.set_tools(3_000)
+    context.record_call(call(4_900, 100))
+
+    breakdown = context.breakdown()
+    assert breakdown == ContextBreakdown(system=5_000, tools=0, messages=0, free=5_000)
+
+
+def test_breakdown_messages_are_what_the_actual_count_leaves() -> None:
+    context = ContextWindow(10_000)
+    context.set_system(1_000)
+    context.set_tools(500)
+    context.record_call(call(3_000, 500))
+    assert context.breakdown() == ContextBreakdown(
+        system=1_000, tools=500, messages=2_000, free=6_500
+    )
+
+
+def test_percent_and_free_are_of_the_window() -> None:
+    context = ContextWindow(1_000)
+    context.add_message(250)
+    usage = context.snapshot()
+    assert usage.percent == pytest.approx(25.0)
+    assert usage.breakdown.free == 750
+
+
+def test_free_is_clamped_at_zero_and_percent_may_pass_one_hundred() -> None:
+    context = ContextWindow(1_000)
+    context.add_message(1_200)
+    usage = context.snapshot()
+    assert usage.breakdown.free == 0
+    assert usage.percent == pytest.approx(120.0)
+
+
+def test_an_unknown_window_has_no_percent_free_or_compaction() -> None:
+    context = ContextWindow()
+    context.add_message(10**9)
+    usage = context.snapshot()
+    assert usage.window is None
+    assert usage.percent is None
+    assert usage.breakdown.free is None
+    assert context.should_compact() is False
+
+
+def test_a_reported_state_wins_over_the_estimate() -> None:
+    context = ContextWindow()
+    context.set_system(SYSTEM)
+    context.add_message(5_000)
+    context.observe_reported(200_000, 18_234)
+
+    usage = context.snapshot()
+    assert (usage.used, usage.window, usage.estimated) == (18_234, 200_000, False)
+    context.add_message(100)
+    assert context.used == 18_334
+
+
+def test_a_reported_state_arrives_on_the_stream_as_session_context() -> None:
+    context = ContextWindow()
+    context.add_message(5_000)
+    context.observe(env(SessionContext(used=18_234, window=200_000)))
+    usage = context.snapshot()
+    assert (usage.used, usage.window, usage.estimated) == (18_234, 200_000, False)
+    assert usage.percent == pytest.approx(9.117)
+
+
+# -- compaction decision -------------------------------------------------------
+
+
+def test_should_compact_uses_the_shown_number() -> None:
+    context = ContextWindow(1_000, threshold=0.8)
+    context.add_message(799)
+    assert context.snapshot().used == 799
+    assert context.should_compact() is False
+
+    context.add_message(1)
+    assert context.snapshot().used == 800
+    assert context.should_compact() is True
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("msg"), st.integers(0, 5_000)),
+            st.tuples(st.just("call"), st.integers(0, 100_000)),
+            st.tuples(st.just("compact"), st.integers(0, 50_000)),
+            st.tuples(st.just("report"), st.integers(0, 150_000)),
+        ),
+        max_size=30,
+    ),
+    st.floats(min_value=0.1, max_value=1.0),
+)
+def test_should_compact_agrees_with_the_snapshot_after_any_history(
+    steps: list[tuple[str, int]], threshold: float
+) -> None:
+    context = ContextWindow(100_000, threshold=threshold)
+    for kind, n in steps:
+        if kind == "msg":
+            context.add_message(n)
+        elif kind == "call":
+            context.record_call(call(n, n // 10))
+        elif kind == "compact":
+            context.compacted(n)
+        else:
+            context.observe_reported(None, n)
+        shown = context.snapshot()
+        assert context.should_compact() == (shown.used >= threshold * 100_000)
+        parts = shown.breakdown
+        assert min(parts.system, parts.tools, parts.messages) >= 0
+        assert parts.system + parts.tools + parts.messages == shown.used
+
+
+# -- estimate error ------------------------------------------------------------
+
+
+def test_each_call_records_how_far_the_estimate_was_from_the_actual_input() -> None:
+    context = ContextWindow(100_000)
+    context.set_system(1_000)
+    context.add_message(200)
+    context.call_started()  # shown: 1,200
+    context.add_message(999)  # arrives after the call went out: not part of the prediction
+    context.record_call(call(1_000, 50))
+
+    stats = context.statistics()
+    assert stats.calls == 1
+    assert stats.samples == 1
+    assert stats.last_error == 200
+    assert stats.mean_abs_pct_error == pytest.approx(20.0)
+
+    context.add_message(100)  # predicted next input: 1,000 + 50 + 100
+    context.record_call(call(1_300, 20))
+    stats = context.statistics()
+    assert stats.last_error == 1_150 - 1_300
+    assert stats.mean_error == pytest.approx((200 - 150) / 2)
+
+
+def test_a_later_report_of_the_same_call_is_not_a_new_sample() -> None:
+    context = ContextWindow()
+    context.add_message(100)
+    context.record_call(call(90, 1))
+    context.record_call(call(90, 40), update=True)
+
+    assert context.statistics().samples == 1
+    assert context.used == 130
+
+
+def test_errors_are_kept_in_a_bounded_window() -> None:
+    context = ContextWindow(max_samples=3)
+    for i in range(10):
+        context.add_message(100)
+        context.record_call(call(100 + i))
+    stats = context.statistics()
+    assert stats.calls == 10
+    assert stats.samples == 3
+
+
+def test_no_sample_when_nothing_was_estimated() -> None:
+    context = ContextWindow()
+    context.record_call(call(100))
+    assert context.statistics().samples == 0
+    assert context.statistics().mean_abs_pct_error is None
+
+
+@pytest.mark.parametrize(
+    "bad", [{"window": 0}, {"window": -5}, {"threshold": 0.0}, {"threshold": 1.5}]
+)
+def test_nonsense_settings_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        ContextWindow(**bad)  # type: ignore[arg-type]
+
+
+# -- from the stream -----------------------------------------------------------
+
+
+def test_observe_turns_cumulative_usage_into_per_call_figures() -> None:
+    # Two model calls, usage reported as running totals (claude_code fixture numbers).
+    context = ContextWindow(200_000)
+    first = TokenUsage(
+        input_tokens=10, output_tokens=143, cache_read_tokens=14_926, cache_write_tokens=39_452
+    )
+    both = TokenUsage(
+        input_tokens=18, output_tokens=231, cache_read_tokens=69_266, cache_write_tokens=41_926
+    )
+    context.observe(env(TurnStart()))
+    context.observe(env(Usage(tokens=TokenUsage(input_tokens=10, output_tokens=4))))
+    context.observe(env(Usage(tokens=first)))
+    context.observe(env(TurnEnd(finish_reason="tool_use")))
+    assert context.used == 10 + 14_926 + 39_452 + 143
+
+    context.observe(env(ToolComplete(tool_call_id="t1", output="main\n")))
+    context.observe(env(TurnStart()))
+    context.observe(env(Usage(tokens=both)))
+    context.observe(env(Usage(tokens=first)))  # a late snapshot: ignored
+    context.observe(env(TurnEnd()))
+
+    assert context.last_input == 8 + 54_340 + 2_474
+    assert context.used == 8 + 54_340 + 2_474 + 88
+    assert context.statistics().calls == 2
+
+
+def test_observe_without_turn_events_starts_a_call_when_input_grows() -> None:
+    context = ContextWindow()
+    context.observe(env(Usage(tokens=TokenUsage(input_tokens=100, output_tokens=1))))
+    context.observe(env(Usage(tokens=TokenUsage(input_tokens=100, output_tokens=30))))
+    assert context.used == 130
+    context.observe(env(Usage(tokens=TokenUsage(input_tokens=260, output_tokens=50))))
+    assert context.used == 160 + 20
+    assert context.statistics().calls == 2
+
+
+def test_observe_counts_the_prompt_and_tool_results_as_new_messages() -> None:
+    context = ContextWindow()
+    context.record_call(call(1_000, 10))
+    context.observe(env(RunStarted(adapter="claude", prompt="Now run the tests")))
+    context.observe(env(ToolComplete(tool_call_id="t", status="error", error="exit 1")))
+    assert context.used == 1_010 + estimate_tokens("Now run the tests") + estimate_tokens("exit 1")
+
+
+def test_observe_adds_a_completed_answer_until_its_usage_covers_it() -> None:
+    context = ContextWindow()
+    context.observe(env(TurnStart()))
+    context.observe(env(TextComplete(message_id="m", text="The answer is 42.")))
+    assert context.used == estimate_tokens("The answer is 42.")
+
+    context.observe(env(Usage(tokens=TokenUsage(input_tokens=50, output_tokens=7))))
+    context.observe(env(TextComplete(message_id="m2", text="covered by the usage")))
+    assert context.used == 57
+
+
+def test_observe_a_cancelled_turn_counts_the_streamed_partial_text() -> None:
+    context = ContextWindow()
+    context.record_call(call(1_000, 10))
+    context.observe(env(TurnStart()))
+    context.observe(env(TextDelta(message_id="m", text="Half of a ")))
+    context.observe(env(TextDelta(message_id="m", text="sentence")))
+    context.observe(env(TurnEnd(finish_reason="cancelled")))
+
+    partial = estimate_tokens("Half of a sentence")
+    assert context.used == 1_010 + partial
+    assert context.last_input == 1_000
+    assert context.statistics().calls == 1  # the cancelled one was not a call
+
+
+def test_observe_compaction_restarts_from_tokens_after() -> None:
+    context = ContextWindow(100_000)
+    context.record_call(call(95_000, 100))
+    context.observe(env(SessionCompaction(tokens_before=95_100, tokens_after=9_000)))
+    assert context.snapshot().used == 9_000
+    assert context.snapshot().estimated is True
+
+
+def test_registry_keeps_one_window_per_session_and_agent() -> None:
+    registry = ContextRegistry(window=1_000, window_for={"big": 200_000}.get)
+    registry.observe(env(SessionStart(model="big")))
+    registry.observe(env(ToolComplete(tool_call_id="t", output="x" * 60), agent="sub"))
+
+    main = registry.get("s1")
+    sub = registry.get("s1", "sub")
+    assert main is not None
+    assert sub is not None
+    assert main.window == 200_000
+    assert sub.window == 1_000
+    assert main.used == 0
+    assert sub.used > 0
+
+
+def test_registry_forgets_the_least_recently_fed_conversation() -> None:
+    registry = ContextRegistry(max_windows=2)
+    registry.observe(env(TurnStart(), session="a"))
+    registry.observe(env(TurnStart(), session="b"))
+    registry.observe(env(TurnStart(), session="a"))
+    registry.observe(env(TurnStart(), session="c"))
+    assert registry.get("b") is None
+    assert registry.get("a") is not None
+    assert registry.statistics().evicted == 1
