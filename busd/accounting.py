@@ -1,0 +1,190 @@
+"""The accountant: turns the stream into the derived ``busd.*`` events UIs show.
+
+:class:`Accountant` is pure: it is fed every envelope (``observe``) and asked
+for what is due at a given time (``tick``), and answers with derived events
+to publish. It emits ``busd.stats`` on ticks while a session is busy (so a
+thinking timer visibly ticks) and once more when the session goes quiet;
+``busd.context`` when a model call, a compaction or a provider report moves
+the context figure; ``busd.tool.timeout`` once per overdue tool call.
+Nothing is emitted per delta, so accounting never doubles the event rate.
+
+:class:`AccountingService` is the Trio shell: a bus handler plus a loop that
+sleeps until the next tick or tool deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import trio
+
+from .bus import Bus, Handle
+from .context import ContextRegistry
+from .events import (
+    ContextUsage,
+    Envelope,
+    Event,
+    RunFinished,
+    SessionCompaction,
+    SessionContext,
+    SessionIdle,
+    StreamingStats,
+    TurnEnd,
+    Usage,
+    event_type,
+)
+from .stats import StatsRegistry
+from .toolmetrics import ToolTracker
+
+__all__ = ["Accountant", "AccountingService", "Derived"]
+
+_CONTEXT_MOVERS = (Usage, TurnEnd, SessionCompaction, SessionContext)
+_QUIET = (SessionIdle, RunFinished)
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """A derived event and the envelope fields it is published with."""
+
+    event: Event
+    session_id: str | None
+    run_id: str | None = None
+    agent_id: str | None = None
+
+
+class Accountant:
+    """Feeds the stats, context and tool trackers and says what to publish."""
+
+    def __init__(
+        self,
+        *,
+        tick_interval: float = 0.25,
+        context_window: int | None = None,
+        window_for: Callable[[str], int | None] | None = None,
+        tool_timeout_s: float | None = None,
+        tool_limits: Mapping[str, float | None] | None = None,
+    ) -> None:
+        self.tick_interval = tick_interval
+        self.stats = StatsRegistry()
+        self.context = ContextRegistry(window=context_window, window_for=window_for)
+        self.tools = ToolTracker(tool_timeout_s, tool_limits)
+        self._busy: dict[str, str | None] = {}  # session id -> run id, while streaming
+        self._last_stats: dict[str, StreamingStats] = {}
+        self._last_context: dict[tuple[str, str | None], ContextUsage] = {}
+        self._next_tick: float | None = None
+
+    def observe(self, envelope: Envelope[Event], now: float) -> list[Derived]:
+        event = envelope.event
+        tag = event_type(event)
+        if tag.startswith("busd.") and not tag.startswith("busd.run."):
+            return []  # derived events (ours included) are output, not input
+        self.stats.observe(envelope, now)
+        self.tools.observe(envelope, now)
+        session_id = envelope.session_id
+        out: list[Derived] = []
+        if session_id is None:
+            return out
+        if isinstance(event, _CONTEXT_MOVERS):
+            window = self.context.observe(envelope)
+            if window is not None:
+                snapshot = window.snapshot()
+                key = (session_id, envelope.agent_id)
+                if self._last_context.get(key) != snapshot:
+                    self._last_context[key] = snapshot
+                    out.append(Derived(snapshot, session_id, envelope.run_id, envelope.agent_id))
+        else:
+            self.context.observe(envelope)
+        if type(event) in _QUIET and envelope.agent_id is None:
+            self._busy.pop(session_id, None)
+            self._emit_stats(session_id, envelope.run_id, now, out)
+            return out
+        if type(event) is TurnEnd:
+            self._emit_stats(session_id, envelope.run_id, now, out)  # exact at each turn's end
+        if session_id not in self._busy:
+            self._busy[session_id] = envelope.run_id
+            if self._next_tick is None:
+                self._next_tick = now + self.tick_interval
+        return out
+
+    def tick(self, now: float) -> list[Derived]:
+        """What is due at ``now``: stats of busy sessions, tool timeouts."""
+        out: list[Derived] = []
+        if self._next_tick is not None and now >= self._next_tick:
+            for session_id, run_id in list(self._busy.items()):
+                self._emit_stats(session_id, run_id, now, out)
+            self._next_tick = now + self.tick_interval if self._busy else None
+        for timeout in self.tools.check(now):
+            start = self.tools.started(timeout.tool_call_id)
+            if start is None:
+                out.append(Derived(timeout, None))
+            else:
+                out.append(Derived(timeout, start.session_id, start.run_id, start.agent_id))
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """When ``tick`` next has something to do (``None``: only after new input)."""
+        deadlines = [d for d in (self._next_tick, self.tools.next_deadline()) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def session_stats(self, session_id: str, now: float) -> StreamingStats | None:
+        return self.stats.session_stats(session_id, now)
+
+    def _emit_stats(
+        self, session_id: str, run_id: str | None, now: float, out: list[Derived]
+    ) -> None:
+        snapshot = self.stats.session_stats(session_id, now)
+        if snapshot is not None and self._last_stats.get(session_id) != snapshot:
+            self._last_stats[session_id] = snapshot
+            out.append(Derived(snapshot, session_id, run_id))
+
+
+class AccountingService:
+    """Publishes an accountant's derived events on a bus, with a Trio tick loop.
+
+    ``clock`` must be the clock the loop sleeps on (``trio.current_time`` by
+    default), so that durations agree with deadlines under a test clock.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        accountant: Accountant | None = None,
+        *,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.bus = bus
+        self.accountant = accountant if accountant is not None else Accountant()
+        self._clock = clock
+        self._wakeup = trio.Event()
+        self._handle: Handle | None = None
+
+    def _publish(self, derived: list[Derived]) -> None:
+        for item in derived:
+            self.bus.publish(
+                item.event,
+                session_id=item.session_id,
+                run_id=item.run_id,
+                agent_id=item.agent_id,
+                source="busd.accounting",
+            )
+
+    def _on_event(self, envelope: Envelope[Event]) -> None:
+        self._publish(self.accountant.observe(envelope, self._clock()))
+        self._wakeup.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Observe the bus and tick until cancelled; owned by the caller's nursery."""
+        self._handle = self.bus.on_all(self._on_event)
+        try:
+            task_status.started()
+            while True:
+                wakeup = self.accountant.next_wakeup()
+                deadline = math.inf if wakeup is None else wakeup
+                with trio.move_on_at(deadline):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                self._publish(self.accountant.tick(self._clock()))
+        finally:
+            self._handle.unsubscribe()

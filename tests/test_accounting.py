@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from busd.accounting import Accountant, AccountingService
+from busd.bus import Bus
+from busd.events import (
+    ContextUsage,
+    Envelope,
+    Event,
+    SessionIdle,
+    SessionStart,
+    StreamingStats,
+    TextDelta,
+    ThinkingDelta,
+    TokenUsage,
+    ToolStart,
+    ToolTimeout,
+    TurnEnd,
+    Usage,
+)
+
+
+def derived_of(bus: Bus) -> list[Envelope[Event]]:
+    seen: list[Envelope[Event]] = []
+    bus.on("busd.>", seen.append)
+    return seen
+
+
+async def test_thinking_timer_ticks_on_the_bus_and_stops_at_text(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    bus = Bus()
+    derived = derived_of(bus)
+    service = AccountingService(bus, Accountant(tick_interval=1.0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        bus.publish(SessionStart(model="m"), session_id="s1")
+        bus.publish(ThinkingDelta(message_id="m1", text="hmm"), session_id="s1")
+        await trio.sleep(3.5)
+        ticking = [e.event for e in derived if isinstance(e.event, StreamingStats)]
+        assert [s.thinking for s in ticking] == [True, True, True]
+        assert [round(s.thinking_s) for s in ticking] == [1, 2, 3]
+
+        bus.publish(TextDelta(message_id="m1", text="answer"), session_id="s1")
+        await trio.sleep(2.0)
+        after = [e.event for e in derived if isinstance(e.event, StreamingStats)][3:]
+        assert after
+        assert all(not s.thinking and 3.4 < s.thinking_s < 3.6 for s in after)
+        nursery.cancel_scope.cancel()
+
+
+async def test_stats_go_quiet_at_idle_with_an_exact_final_snapshot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    bus = Bus()
+    derived = derived_of(bus)
+    service = AccountingService(bus, Accountant(tick_interval=1.0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        bus.publish(TextDelta(message_id="m1", text="hello there"), session_id="s1")
+        bus.publish(Usage(tokens=TokenUsage(output_tokens=30)), session_id="s1")
+        await trio.sleep(1.5)
+        bus.publish(SessionIdle(), session_id="s1")
+        count_at_idle = len(derived)
+        await trio.sleep(10)
+        assert len(derived) == count_at_idle  # nothing ticks for an idle session
+        final = [e.event for e in derived if isinstance(e.event, StreamingStats)][-1]
+        assert final.output_tokens == 30
+        assert not final.output_estimated
+        nursery.cancel_scope.cancel()
+
+
+def test_deltas_alone_produce_no_derived_events() -> None:
+    accountant = Accountant()
+    out = []
+    for seq in range(1, 101):
+        envelope: Envelope[Event] = Envelope(seq, 0.0, TextDelta(message_id="m", text="x "), "s1")
+        out += accountant.observe(envelope, now=seq * 0.001)
+    assert out == []
+
+
+def test_context_is_emitted_when_a_call_moves_it_and_not_when_unchanged() -> None:
+    accountant = Accountant(context_window=200_000)
+    usage: Envelope[Event] = Envelope(
+        1, 0.0, Usage(tokens=TokenUsage(input_tokens=1000, output_tokens=50)), "s1"
+    )
+    first = accountant.observe(usage, now=1.0)
+    contexts = [d.event for d in first if isinstance(d.event, ContextUsage)]
+    assert len(contexts) == 1
+    assert contexts[0].used == 1050
+    assert contexts[0].window == 200_000
+    assert not contexts[0].estimated
+    again: Envelope[Event] = Envelope(2, 0.0, usage.event, "s1")
+    assert [
+        d for d in accountant.observe(again, now=2.0) if isinstance(d.event, ContextUsage)
+    ] == []
+    turn_end: Envelope[Event] = Envelope(3, 0.0, TurnEnd(finish_reason="end_turn"), "s1")
+    assert all(not isinstance(d.event, ContextUsage) for d in accountant.observe(turn_end, 3.0))
+
+
+async def test_a_tool_past_its_limit_times_out_once_on_the_bus(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    bus = Bus()
+    derived = derived_of(bus)
+    service = AccountingService(bus, Accountant(tool_timeout_s=30.0, tool_limits={"bash": 5.0}))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        bus.publish(
+            ToolStart(tool_call_id="t1", name="bash", input={"cmd": "sleep 99"}),
+            session_id="s1",
+            run_id="r1",
+            agent_id="a1",
+        )
+        await trio.sleep(4.9)
+        assert not [e for e in derived if isinstance(e.event, ToolTimeout)]
+        await trio.sleep(60)
+        timeouts = [e for e in derived if isinstance(e.event, ToolTimeout)]
+        assert len(timeouts) == 1
+        timeout = timeouts[0].event
+        assert isinstance(timeout, ToolTimeout)
+        assert (timeout.tool_call_id, timeout.name, timeout.limit_s) == ("t1", "bash", 5.0)
+        assert timeout.elapsed_s >= 5.0
+        assert (timeouts[0].session_id, timeouts[0].run_id, timeouts[0].agent_id) == (
+            "s1",
+            "r1",
+            "a1",
+        )
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_service_unsubscribes_when_cancelled() -> None:
+    bus = Bus()
+    service = AccountingService(bus)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        assert bus.statistics().catch_all_handlers == 1
+        nursery.cancel_scope.cancel()
+    assert bus.statistics().catch_all_handlers == 0
