@@ -1,0 +1,439 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from itertools import count
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+
+from busd.batching import BatchDispatcher, Overflow, SubscriberOverflowed
+from busd.errors import BusdError
+from busd.events import Envelope, Event, TextDelta, TokenUsage, TurnEnd, TurnStart, Usage
+
+Batch = list[Envelope[Event]]
+
+
+class Sink:
+    """A ``send`` that records (time, batch), can be held shut, and checks for overlap."""
+
+    def __init__(self, *, delay: float = 0.0) -> None:
+        self.batches: list[tuple[float, Batch]] = []
+        self.delay = delay
+        self.gate: trio.Event | None = None
+        self.cancelled = 0
+        self._busy = False
+        self._changed = trio.Event()
+
+    async def send(self, batch: Batch) -> None:
+        assert batch, "empty batches are never sent"
+        assert not self._busy, "two sends overlapped"
+        self._busy = True
+        try:
+            self.batches.append((trio.current_time(), batch))
+            self._changed.set()
+            self._changed = trio.Event()
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.delay:
+                await trio.sleep(self.delay)
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
+        finally:
+            self._busy = False
+
+    async def wait_for(self, n: int) -> None:
+        while len(self.batches) < n:
+            await self._changed.wait()
+
+    @property
+    def events(self) -> Batch:
+        return [e for _, batch in self.batches for e in batch]
+
+
+class Stream:
+    def __init__(self) -> None:
+        self._seq = count(1)
+
+    def __call__(self, event: Event | None = None, session: str = "s1") -> Envelope[Event]:
+        seq = next(self._seq)
+        return Envelope(seq=seq, ts=seq / 10, event=event or TurnStart(), session_id=session)
+
+
+@pytest.fixture
+def env() -> Stream:
+    return Stream()
+
+
+@asynccontextmanager
+async def running(dispatcher: BatchDispatcher) -> AsyncIterator[BatchDispatcher]:
+    """Run the dispatcher's loop in a nursery around the block, closing it on the way out."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(dispatcher.run)
+        yield dispatcher
+        await dispatcher.aclose()
+
+
+def usage(n: int) -> Usage:
+    return Usage(tokens=TokenUsage(output_tokens=n))
+
+
+# -- timing -------------------------------------------------------------------------
+
+
+async def test_first_event_goes_out_at_once(autojump_clock: trio.abc.Clock, env: Stream) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=1.0)) as d:
+        t0 = trio.current_time()
+        e1 = env()
+        d.add(e1)
+        await sink.wait_for(1)
+        assert sink.batches == [(t0, [e1])]
+
+
+async def test_events_within_the_window_go_out_together_when_it_ends(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=1.0)) as d:
+        t0 = trio.current_time()
+        d.add(e1 := env())
+        await sink.wait_for(1)
+        await trio.sleep(0.25)
+        d.add(e2 := env())
+        await trio.sleep(0.5)
+        d.add(e3 := env())
+        await sink.wait_for(2)
+        assert sink.batches == [(t0, [e1]), (t0 + 1.0, [e2, e3])]
+
+
+async def test_first_event_after_a_quiet_window_goes_out_at_once(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=1.0)) as d:
+        d.add(env())
+        await sink.wait_for(1)
+        await trio.sleep(5)
+        t1 = trio.current_time()
+        d.add(e2 := env())
+        await sink.wait_for(2)
+        assert sink.batches[1] == (t1, [e2])
+
+
+async def test_default_window_is_16_ms(autojump_clock: trio.abc.Clock, env: Stream) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send)) as d:
+        assert d.window == 0.016
+        t0 = trio.current_time()
+        d.add(env())
+        await sink.wait_for(1)
+        d.add(env())
+        await sink.wait_for(2)
+        assert sink.batches[1][0] == pytest.approx(t0 + 0.016)
+
+
+async def test_window_zero_delivers_every_add_without_waiting(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=0)) as d:
+        t0 = trio.current_time()
+        sent: Batch = []
+        for _ in range(5):
+            d.add(e := env())
+            sent.append(e)
+            await sink.wait_for(len(sent))
+        assert sink.batches == [(t0, [e]) for e in sent]
+
+
+async def test_events_added_while_a_send_is_in_flight_travel_in_the_next_batch(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink(delay=3.0)
+    async with running(BatchDispatcher(sink.send, window=1.0)) as d:
+        t0 = trio.current_time()
+        d.add(e1 := env())
+        await sink.wait_for(1)
+        d.add(e2 := env())
+        d.add(e3 := env())
+        await sink.wait_for(2)
+        # the window had long passed when the slow send returned: no extra wait
+        assert sink.batches == [(t0, [e1]), (t0 + 3.0, [e2, e3])]
+
+
+async def test_flush_delivers_pending_events_without_waiting_for_the_window(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=10.0)) as d:
+        t0 = trio.current_time()
+        d.add(e1 := env())
+        d.add(e2 := env())  # added before the loop ran: same batch
+        await sink.wait_for(1)
+        d.add(e3 := env())
+        d.add(e4 := env())
+        await d.flush()
+        assert sink.batches == [(t0, [e1, e2]), (t0, [e3, e4])]
+        await d.flush()  # nothing pending: returns at once
+        assert trio.current_time() == t0
+
+
+async def test_flush_waits_for_the_send_in_flight_and_then_the_rest(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink(delay=2.0)
+    async with running(BatchDispatcher(sink.send, window=10.0)) as d:
+        t0 = trio.current_time()
+        d.add(e1 := env())
+        await sink.wait_for(1)
+        d.add(e2 := env())
+        await d.flush()
+        assert sink.batches == [(t0, [e1]), (t0 + 2.0, [e2])]
+        assert trio.current_time() == t0 + 4.0  # returned once the send returned
+
+
+# -- content ------------------------------------------------------------------------
+
+
+async def test_batches_are_coalesced(autojump_clock: trio.abc.Clock, env: Stream) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=1.0)) as d:
+        d.add(env(TurnStart()))
+        await sink.wait_for(1)
+        d.add(env(usage(1)))
+        d.add(env(TextDelta(message_id="m", text="a")))
+        d.add(d2 := env(TextDelta(message_id="m", text="b")))
+        d.add(u3 := env(usage(3)))
+        await d.flush()
+        merged = msgspec.structs.replace(d2, event=TextDelta(message_id="m", text="ab"))
+        assert sink.batches[1][1] == [merged, u3]
+
+
+async def test_raw_mode_passes_deltas_one_by_one(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=1.0, merge_deltas=False)) as d:
+        deltas = [env(TextDelta(message_id="m", text=t)) for t in "abc"]
+        for e in deltas:
+            d.add(e)
+        await d.flush()
+        assert sink.events == deltas
+
+
+async def test_order_is_preserved_across_many_batches(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink(delay=0.007)
+    sent: Batch = []
+    async with running(BatchDispatcher(sink.send, window=0.016)) as d:
+        for i in range(2_000):
+            d.add(e := env(TurnEnd() if i % 2 else TurnStart()))
+            sent.append(e)
+            if i % 3 == 0:
+                await trio.sleep((i % 11) * 0.001)
+        await d.flush()
+        assert sink.events == sent
+        stats = d.statistics()
+        assert stats.events_sent == len(sent)
+        assert stats.batches_sent == len(sink.batches)
+        assert 1 < stats.batches_sent < len(sent)
+        assert stats.largest_batch == max(len(b) for _, b in sink.batches)
+
+
+# -- the cap ------------------------------------------------------------------------
+
+
+async def test_slow_subscriber_overflows_with_the_seq_to_resume_from(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    sink.gate = trio.Event()  # the subscriber never reads again
+    d = BatchDispatcher(sink.send, window=0.016, max_events=3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        d.add(e1 := env())
+        await sink.wait_for(1)  # e1 is in flight, stuck
+        for _ in range(3):
+            d.add(env())  # fills the buffer
+        assert d.overflow is None
+        d.add(env())  # one too many: synchronous, returns at once
+        # run() returns by itself, so the nursery closes without help
+    assert sink.cancelled == 1  # the stuck send was cancelled: e1's delivery is unconfirmed
+    overflow = d.overflow
+    assert overflow is not None
+    assert overflow == Overflow(resume_seq=e1.seq, dropped=5)
+    assert overflow.since_seq == e1.seq - 1  # replay everything after it: e1 included
+    d.add(env())  # ignored, but counted
+    assert d.overflow == Overflow(resume_seq=e1.seq, dropped=6)
+    stats = d.statistics()
+    assert stats.overflowed
+    assert (stats.dropped, stats.buffered, stats.events_sent) == (6, 0, 0)
+    with pytest.raises(SubscriberOverflowed, match=f"resume from seq {e1.seq}") as info:
+        await d.flush()
+    assert info.value.overflow == d.overflow
+    assert isinstance(info.value, BusdError)
+    assert isinstance(info.value, trio.BrokenResourceError)
+    await d.aclose()  # harmless after an overflow
+    assert d.overflow == Overflow(resume_seq=e1.seq, dropped=6)
+
+
+async def test_overflow_wakes_a_pending_flush(autojump_clock: trio.abc.Clock, env: Stream) -> None:
+    sink = Sink()
+    sink.gate = trio.Event()
+    d = BatchDispatcher(sink.send, max_events=1)
+    with pytest.RaisesGroup(SubscriberOverflowed):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run)
+            d.add(env())
+            nursery.start_soon(d.flush)
+            await sink.wait_for(1)
+            d.add(env())
+            d.add(env())
+
+
+async def test_a_burst_fills_the_buffer_while_nothing_is_in_flight_goes_out_at_once(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=1.0, max_events=3)) as d:
+        t0 = trio.current_time()
+        d.add(e1 := env())
+        await sink.wait_for(1)
+        burst = [env() for _ in range(6)]
+        for e in burst:
+            d.add(e)  # the fourth hands the full buffer to the loop as the next batch
+        await sink.wait_for(3)
+        assert d.overflow is None
+        assert sink.batches == [(t0, [e1]), (t0, burst[:3]), (t0 + 1.0, burst[3:])]
+
+
+async def test_a_second_full_buffer_before_the_loop_runs_overflows(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    d = BatchDispatcher(sink.send, window=1.0, max_events=2)
+    burst = [env() for _ in range(5)]
+    for e in burst:
+        d.add(e)
+    assert d.overflow == Overflow(resume_seq=burst[0].seq, dropped=5)
+    await d.run()  # returns at once: nothing will be delivered
+    assert sink.batches == []
+
+
+# -- closing --------------------------------------------------------------------------
+
+
+async def test_close_flushes_pending_events_then_ends_the_loop(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    d = BatchDispatcher(sink.send, window=10.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        t0 = trio.current_time()
+        d.add(e1 := env())
+        await sink.wait_for(1)
+        d.add(e2 := env())
+        await d.aclose()
+        assert sink.batches == [(t0, [e1]), (t0, [e2])]
+    # run() returned by itself
+    with pytest.raises(trio.ClosedResourceError):
+        d.add(env())
+    await d.aclose()  # idempotent
+    await d.flush()  # everything accepted was delivered
+    with pytest.raises(trio.ClosedResourceError):
+        await d.run()
+
+
+async def test_close_without_a_running_loop_sends_what_is_pending(env: Stream) -> None:
+    sink = Sink()
+    d = BatchDispatcher(sink.send)
+    d.add(e1 := env())
+    d.add(e2 := env())
+    await d.aclose()
+    assert sink.events == [e1, e2]
+    with pytest.raises(trio.ClosedResourceError):
+        d.add(env())
+
+
+async def test_cancelled_close_abandons_the_pending_events(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = Sink()
+    sink.gate = trio.Event()
+    d = BatchDispatcher(sink.send)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        d.add(env())
+        await sink.wait_for(1)
+        d.add(env())
+        with trio.move_on_after(1):
+            await d.aclose()
+    assert sink.cancelled == 1
+    assert len(sink.batches) == 1
+    with pytest.raises(trio.ClosedResourceError):
+        d.add(env())
+
+
+async def test_cancelling_the_loop_closes_the_dispatcher(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    d = BatchDispatcher(Sink().send)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        nursery.cancel_scope.cancel()
+    with pytest.raises(trio.ClosedResourceError):
+        d.add(env())
+
+
+async def test_a_failing_send_ends_the_loop_and_breaks_the_dispatcher(env: Stream) -> None:
+    async def send(batch: Batch) -> None:
+        raise OSError("connection reset")
+
+    d = BatchDispatcher(send)
+    d.add(env())
+    with pytest.raises(OSError, match="connection reset"):
+        await d.run()
+    with pytest.raises(trio.BrokenResourceError):
+        d.add(env())
+    with pytest.raises(trio.BrokenResourceError):
+        await d.flush()
+
+
+# -- the rest -------------------------------------------------------------------------
+
+
+async def test_run_can_only_be_called_once(autojump_clock: trio.abc.Clock) -> None:
+    d = BatchDispatcher(Sink().send)
+    async with running(d):
+        with pytest.raises(RuntimeError, match="once"):
+            await d.run()
+
+
+async def test_statistics_report_the_traffic(autojump_clock: trio.abc.Clock, env: Stream) -> None:
+    sink = Sink()
+    async with running(BatchDispatcher(sink.send, window=1.0)) as d:
+        d.add(env())
+        await sink.wait_for(1)
+        d.add(env(usage(1)))
+        d.add(env(usage(2)))
+        d.add(env())
+        stats = d.statistics()
+        assert (stats.batches_sent, stats.events_sent, stats.buffered) == (1, 1, 2)
+        assert (stats.sending, stats.overflowed, stats.dropped) == (False, False, 0)
+        assert stats.accumulator.superseded == 1
+        await d.flush()
+        stats = d.statistics()
+        assert (stats.batches_sent, stats.events_sent, stats.largest_batch) == (2, 3, 2)
+        assert stats.buffered == 0
+
+
+@pytest.mark.parametrize("window", [-0.1, float("inf"), float("nan")])
+def test_window_must_be_a_finite_non_negative_number(window: float) -> None:
+    with pytest.raises(ValueError, match="window"):
+        BatchDispatcher(Sink().send, window=window)
