@@ -1,33 +1,140 @@
-"""busd: one ordered, typed, coalesced event stream for AI coding agents and their frontends."""
+"""busd: one ordered, typed, coalesced event stream for AI coding agents and their frontends.
+
+The public surface is re-exported here; the modules behind it are free to move.
+"""
 
 from __future__ import annotations
 
+from .accounting import Accountant as Accountant
+from .accounting import AccountingService as AccountingService
+from .accounting import Derived as Derived
+from .batching import BatchDispatcher as BatchDispatcher
+from .batching import DispatcherStatistics as DispatcherStatistics
+from .batching import Overflow as Overflow
+from .batching import SubscriberOverflowed as SubscriberOverflowed
 from .bus import Bus as Bus
 from .bus import BusStatistics as BusStatistics
 from .bus import Handle as Handle
+from .bus import Handler as Handler
 from .bus import HandlerError as HandlerError
 from .catalog import Catalog as Catalog
+from .coalesce import Accumulator as Accumulator
+from .coalesce import AccumulatorFull as AccumulatorFull
+from .coalesce import AccumulatorStatistics as AccumulatorStatistics
+from .coalesce import Keyer as Keyer
+from .coalesce import chain_keyers as chain_keyers
+from .coalesce import coalescing_key as coalescing_key
+from .context import ContextRegistry as ContextRegistry
+from .context import ContextRegistryStatistics as ContextRegistryStatistics
+from .context import ContextStatistics as ContextStatistics
+from .context import ContextWindow as ContextWindow
+from .correlation import CorrelationStatistics as CorrelationStatistics
+from .correlation import Correlator as Correlator
+from .correlation import DuplicateRun as DuplicateRun
+from .correlation import Route as Route
+from .correlation import Run as Run
+from .correlation import UnknownRun as UnknownRun
 from .errors import BusdError as BusdError
 from .errors import CatalogConflict as CatalogConflict
 from .errors import InvalidPattern as InvalidPattern
 from .errors import UnknownEventType as UnknownEventType
+from .estimate import estimate_json_tokens as estimate_json_tokens
+from .estimate import estimate_tokens as estimate_tokens
 from .events import *  # noqa: F403 - the catalog is public by design
 from .events import __all__ as _event_names
+from .humanize import format_duration as format_duration
+from .humanize import format_tokens as format_tokens
+from .humanize import status_line as status_line
+from .humanize import summary_line as summary_line
 from .patterns import Pattern as Pattern
+from .protocol import PROTOCOL_VERSION as PROTOCOL_VERSION
+from .protocol import Encoder as Encoder
+from .protocol import FrameDecoder as FrameDecoder
+from .protocol import ProtocolError as ProtocolError
+from .protocol import ServerFrameDecoder as ServerFrameDecoder
+from .protocol import ServerHandshake as ServerHandshake
+from .protocol import client_frame_decoder as client_frame_decoder
+from .protocol import encode_envelope as encode_envelope
+from .protocol import encode_frame as encode_frame
+from .protocol import server_frame_decoder as server_frame_decoder
+from .stats import StatsRegistry as StatsRegistry
+from .stats import StatsRegistryStatistics as StatsRegistryStatistics
+from .stats import StreamingStatsTracker as StreamingStatsTracker
+from .stats import TrackerStatistics as TrackerStatistics
+from .toolmetrics import ToolTracker as ToolTracker
+from .toolmetrics import ToolTrackerStatistics as ToolTrackerStatistics
+from .usage import UnknownProvider as UnknownProvider
+from .usage import UsageLedger as UsageLedger
+from .usage import UsageLedgerStatistics as UsageLedgerStatistics
+from .usage import add_usage as add_usage
+from .usage import merge_cumulative as merge_cumulative
+from .usage import normalize_usage as normalize_usage
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "__version__",
+    "Accountant",
+    "AccountingService",
+    "Accumulator",
+    "AccumulatorFull",
+    "AccumulatorStatistics",
+    "add_usage",
+    "BatchDispatcher",
     "Bus",
-    "BusStatistics",
     "BusdError",
+    "BusStatistics",
     "Catalog",
     "CatalogConflict",
+    "chain_keyers",
+    "client_frame_decoder",
+    "coalescing_key",
+    "ContextRegistry",
+    "ContextRegistryStatistics",
+    "ContextStatistics",
+    "ContextWindow",
+    "CorrelationStatistics",
+    "Correlator",
+    "Derived",
+    "DispatcherStatistics",
+    "DuplicateRun",
+    "encode_envelope",
+    "encode_frame",
+    "Encoder",
+    "estimate_json_tokens",
+    "estimate_tokens",
+    "format_duration",
+    "format_tokens",
+    "FrameDecoder",
     "Handle",
+    "Handler",
     "HandlerError",
     "InvalidPattern",
+    "Keyer",
+    "merge_cumulative",
+    "normalize_usage",
+    "Overflow",
     "Pattern",
+    "PROTOCOL_VERSION",
+    "ProtocolError",
+    "Route",
+    "Run",
+    "server_frame_decoder",
+    "ServerFrameDecoder",
+    "ServerHandshake",
+    "StatsRegistry",
+    "StatsRegistryStatistics",
+    "status_line",
+    "StreamingStatsTracker",
+    "SubscriberOverflowed",
+    "summary_line",
+    "ToolTracker",
+    "ToolTrackerStatistics",
+    "TrackerStatistics",
     "UnknownEventType",
-    "__version__",
+    "UnknownProvider",
+    "UnknownRun",
+    "UsageLedger",
+    "UsageLedgerStatistics",
     *_event_names,
 ]

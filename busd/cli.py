@@ -35,3 +35,25 @@ def catalog(fmt: str) -> None:
     else:
         for name in types.names():
             click.echo(name)
+
+
+@main.command()
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Replay speed: 2 is twice as fast, 0 is instant (durations stay the recorded ones).",
+)
+@click.option(
+    "--window-ms",
+    type=click.IntRange(min=0, max=10_000),
+    default=16,
+    show_default=True,
+    help="The frontend's coalescing window (0: every event in its own frame).",
+)
+def demo(speed: float, window_ms: int) -> None:
+    """Replay a recorded agent session through bus, correlation, coalescing and accounting."""
+    from .demo import run_demo
+
+    run_demo(lambda text: click.echo(text, nl=False), speed=speed, window=window_ms / 1000)
