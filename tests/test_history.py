@@ -1,0 +1,199 @@
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from busd.events import Envelope, Event, TextDelta
+from busd.history import History
+from busd.protocol import encode_envelope
+
+_DECODE = msgspec.msgpack.Decoder(Envelope[TextDelta])
+
+
+def env(seq: int) -> Envelope[Event]:
+    return Envelope(seq, float(seq), TextDelta(message_id="m", text=str(seq)), "s1")
+
+
+def filled(capacity: int, seqs: list[int] | range, *, first_seq: int = 1) -> History:
+    history = History(capacity, first_seq=first_seq)
+    for seq in seqs:
+        envelope = env(seq)
+        history.append(envelope, encode_envelope(envelope))
+    return history
+
+
+def seqs_of(envelopes: list[Envelope[Event]]) -> list[int]:
+    return [e.seq for e in envelopes]
+
+
+def test_an_empty_history_replays_nothing_and_reports_no_gap() -> None:
+    replay = History(10).since(0)
+
+    assert replay.envelopes == []
+    assert replay.raws == []
+    assert replay.gap is None
+    assert not replay.ahead
+    assert len(replay) == 0
+
+
+def test_resuming_a_few_events_back_returns_them_in_order_with_their_encodings() -> None:
+    history = filled(100, range(1, 51))
+
+    replay = history.since(47)
+
+    assert seqs_of(replay.envelopes) == [48, 49, 50]
+    assert [_DECODE.decode(raw).seq for raw in replay.raws] == [48, 49, 50]
+    assert replay.gap is None
+    assert replay.head_seq == 50
+
+
+def test_resuming_from_the_head_returns_nothing() -> None:
+    history = filled(10, range(1, 6))
+
+    replay = history.since(5)
+
+    assert replay.envelopes == []
+    assert replay.gap is None
+    assert not replay.ahead
+
+
+def test_resuming_from_before_the_oldest_held_event_reports_the_evicted_range() -> None:
+    history = filled(3, range(1, 11))  # holds 8, 9, 10
+
+    replay = history.since(2)
+
+    assert replay.gap == (3, 7)
+    assert seqs_of(replay.envelopes) == [8, 9, 10]
+
+
+def test_resuming_right_before_the_oldest_held_event_has_no_gap() -> None:
+    history = filled(3, range(1, 11))
+
+    replay = history.since(7)
+
+    assert replay.gap is None
+    assert seqs_of(replay.envelopes) == [8, 9, 10]
+
+
+def test_a_since_seq_past_the_head_is_reported_as_ahead_with_nothing_replayed() -> None:
+    history = filled(10, range(1, 6))
+
+    replay = history.since(42)
+
+    assert replay.ahead
+    assert replay.envelopes == []
+    assert replay.gap is None
+    assert replay.head_seq == 5
+
+
+def test_seqs_skipped_by_the_server_are_holes_not_gaps() -> None:
+    history = filled(10, [5, 9, 10, 20])
+
+    replay = history.since(0)
+
+    assert replay.gap is None
+    assert seqs_of(replay.envelopes) == [5, 9, 10, 20]
+    assert seqs_of(history.since(9).envelopes) == [10, 20]
+
+
+def test_seqs_before_first_seq_belong_to_an_earlier_daemon_and_are_a_gap() -> None:
+    history = filled(10, range(1000, 1003), first_seq=1000)
+
+    replay = history.since(500)
+
+    assert replay.gap == (501, 999)
+    assert seqs_of(replay.envelopes) == [1000, 1001, 1002]
+
+
+def test_an_empty_history_started_late_reports_everything_before_it_as_lost() -> None:
+    history = History(10, first_seq=1000)
+
+    assert history.head_seq == 999
+    assert history.since(500).gap == (501, 999)
+    assert history.since(999).gap is None
+
+
+@pytest.mark.parametrize("seq", [3, 2, 0])
+def test_appending_a_seq_that_does_not_increase_is_refused(seq: int) -> None:
+    history = filled(10, [1, 2, 3])
+
+    with pytest.raises(ValueError, match="not after the head"):
+        history.append(env(seq), encode_envelope(env(seq)))
+    assert len(history) == 3
+    assert history.head_seq == 3
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        History(0)
+
+
+def test_first_seq_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="first_seq"):
+        History(10, first_seq=0)
+
+
+def test_a_negative_since_seq_is_refused() -> None:
+    with pytest.raises(ValueError, match="since_seq"):
+        filled(10, [1, 2]).since(-1)
+
+
+def test_statistics_count_what_was_appended_held_and_evicted() -> None:
+    history = filled(4, range(1, 11))
+
+    stats = history.statistics()
+
+    assert stats.held == 4
+    assert stats.capacity == 4
+    assert stats.appended == 10
+    assert stats.evicted == 6
+    assert stats.head_seq == 10
+    assert stats.oldest_seq == 7
+    assert History(3).statistics().oldest_seq is None
+
+
+@given(
+    capacity=st.integers(1, 12),
+    steps=st.lists(st.integers(1, 3), max_size=40),
+    probe=st.integers(0, 130),
+)
+def test_since_returns_exactly_the_held_events_after_seq_and_the_gap_covers_the_evicted(
+    capacity: int, steps: list[int], probe: int
+) -> None:
+    appended: list[int] = []
+    seq = 0
+    for step in steps:
+        seq += step
+        appended.append(seq)
+    history = filled(capacity, appended)
+    held = appended[-capacity:]
+    evicted = appended[: len(appended) - len(held)]
+
+    replay = history.since(probe)
+
+    assert len(history) == len(held) <= capacity
+    assert history.oldest_seq == (held[0] if held else None)
+    assert seqs_of(replay.envelopes) == [s for s in held if s > probe]
+    assert [_DECODE.decode(raw).seq for raw in replay.raws] == seqs_of(replay.envelopes)
+    lost = [s for s in evicted if s > probe]
+    if not lost:
+        assert replay.gap is None
+    else:
+        assert replay.gap == (probe + 1, held[0] - 1)
+    assert replay.ahead == (probe > history.head_seq)
+    assert history.since(history.head_seq).envelopes == []
+
+
+@given(capacity=st.integers(1, 12), count=st.integers(0, 40), probe=st.integers(0, 45))
+def test_with_contiguous_seqs_the_gap_is_exactly_the_evicted_seqs_after_since(
+    capacity: int, count: int, probe: int
+) -> None:
+    history = filled(capacity, range(1, count + 1))
+    evicted = range(1, max(0, count - capacity) + 1)
+
+    gap = history.since(probe).gap
+
+    covered = [] if gap is None else list(range(gap[0], gap[1] + 1))
+    assert covered == [s for s in evicted if s > probe]
