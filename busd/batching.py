@@ -247,6 +247,17 @@ class BatchDispatcher:
 
     # -- the owner's side -------------------------------------------------------
 
+    def pending_seq(self) -> int | None:
+        """The oldest ``seq`` given to ``add`` whose ``send`` has not returned, if any.
+
+        A connection uses it to tell a client it drops where to resume from.
+        """
+        if self._inflight_first is not None:
+            return self._inflight_first
+        if self._ready is not None:
+            return self._ready_first
+        return self._acc.first_seq
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The flush loop; run it in the owner's nursery: ``await nursery.start(d.run)``.
 
@@ -379,6 +390,22 @@ class BatchDispatcher:
                 raise
         else:
             await trio.lowlevel.checkpoint()
+
+    def close_nowait(self) -> None:
+        """End at once, discarding what is pending (an unsubscribe, a dropped client).
+
+        :meth:`add` raises :class:`trio.ClosedResourceError` from now on and
+        the loop, if running, is cancelled; nothing more is sent.
+        """
+        if self._state in (_State.CLOSED, _State.BROKEN):
+            return
+        self._state = _State.CLOSED
+        self._ready = None
+        self._acc.clear()
+        self._scope.cancel()
+        if not self._ran:
+            self._done.set()
+        self._progress.unpark_all()
 
     async def _close_without_loop(self) -> None:
         self._ran = True

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, NoReturn
+
 import click
 import msgspec
+import trio
 
 from . import __version__
 from .catalog import Catalog
 from .catalogdoc import render_markdown
+from .client import ConnectionLost, DaemonNotRunning
+from .client import connect as busd_connect
+from .daemon import Daemon, DaemonConfig
+from .endpoint import AlreadyRunning, EndpointError, resolve_socket_path
+from .errors import BusdError
+from .events import Envelope, Event, event_type
+from .patterns import Pattern, is_pattern
+from .protocol import Status
+from .server import serve as serve_forever
 
 
 @click.group()
@@ -57,3 +77,308 @@ def demo(speed: float, window_ms: int) -> None:
     from .demo import run_demo
 
     run_demo(lambda text: click.echo(text, nl=False), speed=speed, window=window_ms / 1000)
+
+
+# -- the daemon and its clients ----------------------------------------------
+
+_DEFAULTS = DaemonConfig()
+
+socket_option = click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The daemon's socket (default: $BUSD_SOCKET, else $XDG_RUNTIME_DIR/busd/bus.sock).",
+)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"busd: {message}", err=True)
+    sys.exit(code)
+
+
+def _socket(path: Path | None) -> Path:
+    try:
+        return resolve_socket_path(path)
+    except EndpointError as exc:
+        _fail(str(exc))
+
+
+def _run_client(main_fn: Callable[[], Awaitable[int]]) -> NoReturn:
+    """Run a client command; daemon trouble becomes a message and exit 1."""
+    try:
+        code = trio.run(main_fn)
+    except DaemonNotRunning as exc:
+        _fail(str(exc))
+    except ConnectionLost as exc:
+        _fail(f"lost the daemon ({exc})")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(code)
+
+
+@main.command()
+@socket_option
+@click.option(
+    "--max-frame",
+    type=click.IntRange(1024),
+    default=_DEFAULTS.max_frame,
+    show_default=True,
+    help="Largest frame accepted or sent, in bytes.",
+)
+@click.option(
+    "--outbound-cap",
+    type=click.IntRange(1024),
+    default=_DEFAULTS.outbound_cap,
+    show_default=True,
+    help="Bytes queued for one client before it is dropped.",
+)
+@click.option(
+    "--handshake-timeout",
+    type=click.FloatRange(0.01),
+    default=_DEFAULTS.handshake_timeout,
+    show_default=True,
+    help="Seconds a new client has to say hello.",
+)
+@click.option(
+    "--replay",
+    type=click.IntRange(0),
+    default=_DEFAULTS.replay,
+    show_default=True,
+    help="Events kept in memory for resuming clients.",
+)
+@click.option(
+    "--max-subscriptions",
+    type=click.IntRange(1),
+    default=_DEFAULTS.max_subscriptions,
+    show_default=True,
+    help="Subscriptions per connection.",
+)
+@click.option(
+    "--max-requests",
+    type=click.IntRange(1),
+    default=_DEFAULTS.max_requests,
+    show_default=True,
+    help="Replies a connection may leave unread.",
+)
+@click.option(
+    "--max-connections-per-uid",
+    type=click.IntRange(1),
+    default=_DEFAULTS.max_connections_per_uid,
+    show_default=True,
+    help="Connections one user may hold.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def serve(
+    socket_path: Path | None,
+    max_frame: int,
+    outbound_cap: int,
+    handshake_timeout: float,
+    replay: int,
+    max_subscriptions: int,
+    max_requests: int,
+    max_connections_per_uid: int,
+    log_level: str,
+) -> None:
+    """Run the daemon until SIGTERM or SIGINT."""
+    logging.basicConfig(level=log_level.upper(), format="busd: %(name)s: %(message)s")
+    config = DaemonConfig(
+        max_frame=max_frame,
+        outbound_cap=outbound_cap,
+        handshake_timeout=handshake_timeout,
+        replay=max(replay, 1),
+        max_subscriptions=max_subscriptions,
+        max_requests=max_requests,
+        max_connections_per_uid=max_connections_per_uid,
+    )
+    path = _socket(socket_path)
+
+    def ready(where: str) -> None:
+        click.echo(f"busd {__version__}: listening on {where}")
+
+    try:
+        trio.run(partial(serve_forever, path, Daemon(config), on_ready=ready))
+    except AlreadyRunning as exc:
+        _fail(str(exc))
+    except EndpointError as exc:
+        _fail(str(exc))
+
+
+def _summary(event: Event) -> str:
+    fields = msgspec.to_builtins(event)
+    fields.pop("type", None)
+    text = " ".join(f"{k}={v!r}" for k, v in fields.items())
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+@main.command()
+@socket_option
+@click.argument("patterns", nargs=-1)
+@click.option("--session", "sessions", multiple=True, help="Only this session (repeatable).")
+@click.option(
+    "--since", type=click.IntRange(0), default=None, help="Replay what came after this seq first."
+)
+@click.option(
+    "--until", default=None, help="Exit 0 after the first event of this type (or pattern)."
+)
+@click.option("--count", type=click.IntRange(1), default=None, help="Exit 0 after N events.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0),
+    default=None,
+    help="Exit 124 if --until/--count is not met within S seconds.",
+)
+@click.option("--raw-deltas", is_flag=True, help="One frame per delta (no merging).")
+@click.option("--json", "fmt", flag_value="json", help="JSON Lines (default when piped).")
+@click.option("--pretty", "fmt", flag_value="pretty", help="One readable line per event.")
+def tail(
+    socket_path: Path | None,
+    patterns: tuple[str, ...],
+    sessions: tuple[str, ...],
+    since: int | None,
+    until: str | None,
+    count: int | None,
+    timeout: float | None,
+    raw_deltas: bool,
+    fmt: str | None,
+) -> None:
+    """Print events as they are published (all of them without PATTERNs)."""
+    path = _socket(socket_path)
+    as_json = fmt == "json" or (fmt is None and not sys.stdout.isatty())
+    try:
+        stop = Pattern(until) if until is not None and is_pattern(until) else None
+        if until is not None and stop is None:
+            Catalog().get(until)
+        for pattern in patterns:
+            Pattern(pattern)
+    except BusdError as exc:
+        _fail(str(exc), 2)
+    out = sys.stdout
+
+    def show(envelope: Envelope[Event]) -> None:
+        if as_json:
+            out.write(msgspec.json.encode(envelope).decode() + "\n")
+        else:
+            name = event_type(envelope.event)
+            stamp = time.strftime("%H:%M:%S", time.localtime(envelope.ts))
+            out.write(
+                f"{envelope.seq:>8} {stamp} {envelope.session_id or '-':<12} {name:<30} "
+                f"{_summary(envelope.event)}\n"
+            )
+        out.flush()
+
+    def done(envelope: Envelope[Event]) -> bool:
+        name = event_type(envelope.event)
+        return until is not None and (stop.matches(name) if stop else name == until)
+
+    async def run() -> int:
+        seen = 0
+        with trio.move_on_after(timeout if timeout is not None else math.inf) as scope:
+            async with (
+                busd_connect(path, client="busd-tail") as client,
+                client.subscribe(
+                    patterns or (">",),
+                    sessions=sessions or None,
+                    since_seq=since,
+                    deltas="raw" if raw_deltas else "merged",
+                ) as sub,
+            ):
+                async for batch in sub:
+                    if batch.gap is not None:
+                        click.echo(
+                            f"busd: events {batch.gap[0]}..{batch.gap[1]} are no longer held",
+                            err=True,
+                        )
+                    for envelope in batch.events:
+                        show(envelope)
+                        seen += 1
+                        if done(envelope) or (count is not None and seen >= count):
+                            return 0
+            _fail("the daemon closed the connection")
+        if scope.cancelled_caught:
+            _fail(f"timed out after {timeout}s", 124)
+        return 0
+
+    _run_client(run)
+
+
+def _parse_field(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise click.BadParameter(f"{text!r} is not key=value", param_hint="--field")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+@main.command()
+@socket_option
+@click.argument("event_type_name", metavar="TYPE")
+@click.option("--session", default=None, help="The event's session id.")
+@click.option("--run", "run_id", default=None, help="The event's run id.")
+@click.option("--agent", default=None, help="The sub-agent that produced it.")
+@click.option(
+    "--field",
+    "fields",
+    multiple=True,
+    help="key=value (value parsed as JSON when it is JSON); repeatable.",
+)
+@click.option("--json", "payload", default=None, help="All fields as one JSON object.")
+def publish(
+    socket_path: Path | None,
+    event_type_name: str,
+    session: str | None,
+    run_id: str | None,
+    agent: str | None,
+    fields: tuple[str, ...],
+    payload: str | None,
+) -> None:
+    """Publish one event, e.g. `busd publish stream.session.info --field message=hi`."""
+    if fields and payload is not None:
+        _fail("give --field or --json, not both", 2)
+    try:
+        cls = Catalog().get(event_type_name)
+        data: Any = json.loads(payload) if payload is not None else dict(map(_parse_field, fields))
+        if not isinstance(data, dict):
+            _fail("--json must be a JSON object", 2)
+        data["type"] = event_type_name
+        event = msgspec.convert(data, cls)
+    except (BusdError, json.JSONDecodeError, msgspec.ValidationError) as exc:
+        _fail(f"invalid {event_type_name} event: {exc}", 2)
+    path = _socket(socket_path)
+
+    async def run() -> int:
+        async with busd_connect(path, client="busd-publish", role="agent") as client:
+            await client.publish(event, session_id=session, run_id=run_id, agent_id=agent)
+            await client.flush()
+            for error in client.errors:
+                _fail(f"the daemon refused it: {error.code}: {error.message}")
+        return 0
+
+    _run_client(run)
+
+
+@main.command()
+@socket_option
+@click.option("--json", "as_json", is_flag=True, help="The raw status as JSON.")
+def status(socket_path: Path | None, as_json: bool) -> None:
+    """Show the daemon's uptime, clients, subscriptions, sessions and rates."""
+    path = _socket(socket_path)
+
+    async def run() -> int:
+        async with busd_connect(path, client="busd-status", role="admin") as client:
+            result = await client.request(Status())
+        if as_json:
+            click.echo(msgspec.json.format(msgspec.json.encode(result), indent=2))
+        else:
+            for key, value in result.items():
+                click.echo(f"{key + ':':<28} {value}")
+        return 0
+
+    _run_client(run)

@@ -53,13 +53,16 @@ __all__ = [
     "INVALID_PATTERN",
     "MALFORMED_FRAME",
     "PROTOCOL_VERSION",
+    "SEQ_AHEAD",
     "SHUTDOWN",
     "SLOW_CONSUMER",
+    "TOO_MANY_CONNECTIONS",
     "TOO_MANY_REQUESTS",
     "TOO_MANY_SUBSCRIPTIONS",
     "UNKNOWN_COMMAND",
     "UNKNOWN_FRAME",
     "UNKNOWN_SDK",
+    "UNKNOWN_SESSION",
     "UNKNOWN_SUBSCRIPTION",
     "VERSION_MISMATCH",
     "AnyCommand",
@@ -128,6 +131,9 @@ UNKNOWN_COMMAND = "unknown_command"
 UNKNOWN_SDK = "unknown_sdk"
 HANDSHAKE_TIMEOUT = "handshake_timeout"
 FORBIDDEN = "forbidden"
+TOO_MANY_CONNECTIONS = "too_many_connections"
+UNKNOWN_SESSION = "unknown_session"
+SEQ_AHEAD = "seq_ahead"
 SLOW_CONSUMER = "slow_consumer"
 SHUTDOWN = "shutdown"
 BYE = "bye"
@@ -146,8 +152,11 @@ ERROR_CODES: Mapping[str, str] = {
     UNKNOWN_SUBSCRIPTION: "unsubscribe of an id that is not live (ref: that id)",
     UNKNOWN_COMMAND: "request.command.cmd that the server does not know (reply error)",
     UNKNOWN_SDK: "ingest for an SDK no adapter handles",
+    SEQ_AHEAD: "subscribe.since_seq is past the head (the daemon restarted): replay starts over",
+    UNKNOWN_SESSION: "a snapshot or stats request for a session the daemon does not know (reply)",
     HANDSHAKE_TIMEOUT: "no hello within the handshake timeout (fatal)",
-    FORBIDDEN: "the client's role may not do this",
+    FORBIDDEN: "the peer's uid may not connect, or its role may not do this (fatal on connect)",
+    TOO_MANY_CONNECTIONS: "the peer's uid already has the most connections allowed (fatal)",
     SLOW_CONSUMER: "goodbye reason: the client's outbound queue passed limits.outbound_cap",
     SHUTDOWN: "goodbye reason: the daemon is stopping",
     BYE: "goodbye reason: the answer to the client's bye",
@@ -281,7 +290,9 @@ class Status(Command, frozen=True, tag="status"):
 
 
 class Sessions(Command, frozen=True, tag="sessions"):
-    """Every known session, most recent first."""
+    """Known sessions, most recently active first, at most ``limit`` of them."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100
 
 
 class Snapshot(Command, frozen=True, tag="snapshot"):

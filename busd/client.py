@@ -1,0 +1,562 @@
+"""The Trio client library frontends and agents use to talk to the daemon.
+
+    async with busd.connect(client="my-ui") as client:
+        async with client.subscribe(["stream.>"], window_ms=16) as sub:
+            async for batch in sub:
+                for envelope in batch.events:
+                    ...
+        await client.publish(TextDelta(message_id="m1", text="hi"), session_id="s1")
+        status = await client.request(Status())
+
+Publishes are queued and the writer sends everything queued so far as one
+``publish`` frame (the daemon still validates and sequences each event on
+its own), so a fast publisher costs one syscall per burst, not per event.
+With ``reconnect=True`` a lost connection is re-established with backoff and
+every live subscription resumes from the last ``seq`` it delivered, so the
+iterator carries on without a gap (or reports one, if the daemon no longer
+holds the events).
+
+Background tasks (reader, writer, reconnection) live in the nursery of the
+``connect`` context manager: nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import trio
+
+from . import __version__
+from .catalog import Catalog
+from .endpoint import resolve_socket_path
+from .errors import BusdError
+from .events import Envelope, Event
+from .protocol import (
+    BYE,
+    PROTOCOL_VERSION,
+    Bye,
+    Command,
+    Encoder,
+    Error,
+    Events,
+    Frame,
+    Gap,
+    Goodbye,
+    Hello,
+    Limits,
+    Outgoing,
+    Ping,
+    Pong,
+    ProtocolError,
+    Publish,
+    Reply,
+    Request,
+    Subscribe,
+    Unsubscribe,
+    Welcome,
+    encode_frame,
+    server_frame_decoder,
+)
+
+__all__ = [
+    "Batch",
+    "Client",
+    "ClientSubscription",
+    "ConnectionLost",
+    "DaemonNotRunning",
+    "RequestFailed",
+    "SubscribeFailed",
+    "connect",
+]
+
+logger = logging.getLogger("busd.client")
+
+_RECEIVE = 65_536
+_PUBLISH_QUEUE = 10_000
+
+
+class DaemonNotRunning(BusdError, ConnectionError):
+    """No daemon listens at the socket path."""
+
+
+class ConnectionLost(BusdError, ConnectionError):
+    """The daemon closed the connection (``reason`` and ``resume_seq`` from its goodbye)."""
+
+    def __init__(self, reason: str, message: str = "", resume_seq: int | None = None) -> None:
+        super().__init__(f"{reason}: {message}" if message else reason)
+        self.reason = reason
+        self.resume_seq = resume_seq
+
+
+class RequestFailed(BusdError):
+    """The daemon answered a request with an error."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class SubscribeFailed(RequestFailed):
+    """The daemon refused a subscription (bad pattern, too many subscriptions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one subscription received in one frame: events in ``seq`` order, or a gap notice."""
+
+    events: list[Envelope[Event]]
+    gap: tuple[int, int] | None = None
+
+
+class ClientSubscription:
+    """A live subscription: iterate it for batches (``events()`` for single envelopes).
+
+    ``last_seq`` is the seq of the last envelope delivered: what a resume
+    (automatic with ``reconnect=True``) starts after.
+    """
+
+    def __init__(self, client: Client, sub_id: int, frame: Subscribe) -> None:
+        self.client = client
+        self.id = sub_id
+        self.frame = frame
+        self.last_seq: int | None = None
+        self._send, self._receive = trio.open_memory_channel[Batch | ConnectionLost](256)
+
+    def __aiter__(self) -> ClientSubscription:
+        return self
+
+    async def __anext__(self) -> Batch:
+        try:
+            item = await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        if isinstance(item, ConnectionLost):
+            raise item
+        return item
+
+    async def events(self) -> AsyncIterator[Envelope[Event]]:
+        """Every envelope, one at a time (gaps are logged and skipped)."""
+        async for batch in self:
+            if batch.gap is not None:
+                logger.warning("subscription %d: events %d..%d are lost", self.id, *batch.gap)
+            for envelope in batch.events:
+                yield envelope
+
+    def _deliver(self, batch: Batch) -> Any:
+        if batch.events:
+            self.last_seq = batch.events[-1].seq
+        return self._send.send(batch)
+
+    def _end(self, error: ConnectionLost | None) -> None:
+        if error is not None:
+            with suppress(trio.WouldBlock, trio.ClosedResourceError):
+                self._send.send_nowait(error)
+        self._send.close()
+
+
+class Client:
+    """A connection to the daemon; make one with :func:`connect`."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        client: str,
+        role: Literal["frontend", "agent", "responder", "admin"],
+        catalog: Catalog,
+        reconnect: bool,
+    ) -> None:
+        self.path = path
+        self.name = client
+        self.role = role
+        self.catalog = catalog
+        self.reconnect = reconnect
+        self.welcome: Welcome | None = None
+        self.errors: list[Error] = []  # non-fatal errors the daemon reported
+        self._stream: trio.SocketStream | None = None
+        self._encoder = Encoder()
+        self._frames: list[Frame | Outgoing[Event]] = []
+        self._pending_publishes = 0
+        self._wake_writer = trio.Event()
+        self._room = trio.Event()
+        self._written = trio.Event()
+        self._ids = itertools.count(1)
+        self._replies: dict[int, tuple[trio.Event, list[Reply]]] = {}
+        self._pongs: dict[int, trio.Event] = {}
+        self._subs: dict[int, ClientSubscription] = {}
+        self._sub_errors: dict[int, Error] = {}
+        self._lost: ConnectionLost | None = None
+        self._closing = False
+        self._connected = trio.Event()
+
+    @property
+    def limits(self) -> Limits:
+        return self.welcome.limits if self.welcome is not None else Limits()
+
+    # -- connection life ---------------------------------------------------------
+
+    async def _open(self) -> trio.SocketStream:
+        try:
+            stream = await trio.open_unix_socket(os.fspath(self.path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise DaemonNotRunning(
+                f"no busd daemon at {self.path} (start one with `busd serve`)"
+            ) from exc
+        decoder = server_frame_decoder(self.catalog)
+        await stream.send_all(
+            encode_frame(Hello(protocol=PROTOCOL_VERSION, client=self.name, role=self.role))
+        )
+        while True:
+            frame = decoder.next_frame()
+            if frame is not None:
+                break
+            data = await stream.receive_some(_RECEIVE)
+            if not data:
+                raise ConnectionLost("closed", "the daemon closed the connection at hello")
+            decoder.feed(data)
+        if isinstance(frame, Error):
+            await trio.aclose_forcefully(stream)
+            raise ConnectionLost(frame.code, frame.message)
+        if not isinstance(frame, Welcome):
+            raise ConnectionLost("bad_handshake", f"expected welcome, got {type(frame).__name__}")
+        self.welcome = frame
+        self._encoder = Encoder(max_frame=frame.limits.max_frame)
+        self._decoder = server_frame_decoder(self.catalog, max_frame=frame.limits.max_frame)
+        for leftover in decoder:
+            self._handle(leftover)
+        return stream
+
+    async def _run(self, stream: trio.SocketStream, task_status: trio.TaskStatus[None]) -> None:
+        """Serve one connection, and with ``reconnect`` its successors."""
+        backoff = 0.1
+        first = True
+        while True:
+            self._stream = stream
+            self._lost = None
+            self._connected.set()
+            if first:
+                task_status.started()
+                first = False
+            lost = await self._serve(stream)
+            self._connected = trio.Event()
+            await trio.aclose_forcefully(stream)
+            if self._closing or not self.reconnect or lost.reason in (BYE, "forbidden"):
+                self._fail_everything(lost)
+                return
+            logger.warning("connection lost (%s); reconnecting", lost)
+            while True:
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                try:
+                    stream = await self._open()
+                except (OSError, ConnectionLost) as exc:
+                    logger.info("reconnect failed: %s", exc)
+                    continue
+                break
+            backoff = 0.1
+            self._resubscribe()
+
+    def _resubscribe(self) -> None:
+        # Queued ahead of anything else: each resumes where its iterator stopped.
+        frames: list[Frame | Outgoing[Event]] = []
+        for sub in self._subs.values():
+            since = sub.last_seq if sub.last_seq is not None else sub.frame.since_seq
+            frames.append(_replace_since(sub.frame, since))
+        self._frames[:0] = frames
+        self._wake_writer.set()
+
+    async def _serve(self, stream: trio.SocketStream) -> ConnectionLost:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, stream)
+            lost = await self._reader(stream)
+            nursery.cancel_scope.cancel()
+        self._lost = lost
+        for event, _ in self._replies.values():
+            event.set()
+        for pong in self._pongs.values():
+            pong.set()
+        self._room.set()
+        self._written.set()
+        return lost
+
+    def _fail_everything(self, lost: ConnectionLost) -> None:
+        self._lost = lost
+        for sub in self._subs.values():
+            sub._end(None if lost.reason == BYE else lost)
+        self._subs.clear()
+
+    # -- reading -----------------------------------------------------------------
+
+    async def _reader(self, stream: trio.SocketStream) -> ConnectionLost:
+        decoder = self._decoder
+        while True:
+            try:
+                for frame in decoder:
+                    lost = self._handle(frame)
+                    if lost is not None:
+                        return lost
+                    if isinstance(frame, Events):
+                        sub = self._subs.get(frame.sub)
+                        if sub is not None:
+                            await sub._deliver(Batch(frame.events))
+                    elif isinstance(frame, Gap):
+                        sub = self._subs.get(frame.sub)
+                        if sub is not None:
+                            await sub._deliver(Batch([], (frame.from_seq, frame.to_seq)))
+            except ProtocolError as exc:
+                if exc.fatal:
+                    return ConnectionLost(exc.code, exc.message)
+                logger.warning("bad frame from the daemon: %s", exc)
+                continue
+            try:
+                data = await stream.receive_some(_RECEIVE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                return ConnectionLost("closed", str(exc))
+            if not data:
+                return ConnectionLost("closed", "the daemon closed the connection")
+            decoder.feed(data)
+
+    def _handle(self, frame: object) -> ConnectionLost | None:
+        if isinstance(frame, Reply):
+            waiter = self._replies.get(frame.id)
+            if waiter is not None:
+                waiter[1].append(frame)
+                waiter[0].set()
+        elif isinstance(frame, Pong):
+            pong = self._pongs.pop(frame.nonce, None)
+            if pong is not None:
+                pong.set()
+        elif isinstance(frame, Error):
+            if frame.fatal:
+                return ConnectionLost(frame.code, frame.message)
+            if frame.ref is not None and frame.ref in self._subs:
+                self._sub_errors[frame.ref] = frame
+            self.errors.append(frame)
+            logger.warning("daemon error %s: %s", frame.code, frame.message)
+        elif isinstance(frame, Goodbye):
+            return ConnectionLost(frame.reason, "the daemon said goodbye", frame.resume_seq)
+        return None
+
+    # -- writing -----------------------------------------------------------------
+
+    async def _writer(self, stream: trio.SocketStream) -> None:
+        while True:
+            if not self._frames:
+                self._written.set()
+                self._wake_writer = trio.Event()
+                await self._wake_writer.wait()
+                continue
+            frames, self._frames = self._frames, []
+            out = bytearray()
+            group: list[Outgoing[Event]] = []
+            for item in frames:
+                if isinstance(item, Outgoing):
+                    group.append(item)
+                    continue
+                self._encode_publish(group, out)
+                group = []
+                self._encoder.encode_into(item, out)
+            self._encode_publish(group, out)
+            self._pending_publishes -= sum(1 for f in frames if isinstance(f, Outgoing))
+            self._room.set()
+            try:
+                await stream.send_all(out)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    def _encode_publish(self, group: list[Outgoing[Event]], out: bytearray) -> None:
+        if not group:
+            return
+        try:
+            self._encoder.encode_into(Publish(events=group), out)
+        except ProtocolError:
+            if len(group) == 1:
+                logger.error("event too large to publish, dropped: %r", type(group[0].event))
+                return
+            half = len(group) // 2
+            self._encode_publish(group[:half], out)
+            self._encode_publish(group[half:], out)
+
+    def _push(self, item: Frame | Outgoing[Event]) -> None:
+        self._check_open()
+        self._frames.append(item)
+        self._written = trio.Event() if self._written.is_set() else self._written
+        self._wake_writer.set()
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise trio.ClosedResourceError("the client is closed")
+        if self._lost is not None and not self.reconnect:
+            raise self._lost
+
+    # -- the public API ----------------------------------------------------------
+
+    def publish_nowait(
+        self,
+        event: Event,
+        *,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        agent_id: str | None = None,
+    ) -> None:
+        """Queue ``event``; raises :class:`trio.WouldBlock` when the queue is full."""
+        self.catalog.check(event)
+        if self._pending_publishes >= _PUBLISH_QUEUE:
+            raise trio.WouldBlock
+        self._pending_publishes += 1
+        self._push(Outgoing(event=event, session_id=session_id, run_id=run_id, agent_id=agent_id))
+
+    async def publish(
+        self,
+        event: Event,
+        *,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        agent_id: str | None = None,
+    ) -> None:
+        """Queue ``event`` for the next ``publish`` frame, waiting while the queue is full."""
+        while True:
+            try:
+                self.publish_nowait(event, session_id=session_id, run_id=run_id, agent_id=agent_id)
+            except trio.WouldBlock:
+                self._room = trio.Event()
+                await self._room.wait()
+                continue
+            await trio.lowlevel.checkpoint()
+            return
+
+    async def flush(self) -> None:
+        """Return once everything queued was written and the daemon has processed it."""
+        await self.ping()
+
+    async def ping(self) -> None:
+        """A round trip: every frame sent before it has been handled by the daemon."""
+        nonce = next(self._ids)
+        pong = trio.Event()
+        self._pongs[nonce] = pong
+        self._push(Ping(nonce=nonce))
+        await pong.wait()
+        if nonce in self._pongs:  # woken by a lost connection, not by the pong
+            del self._pongs[nonce]
+            self._check_open()
+            raise self._lost or ConnectionLost("closed")
+
+    async def request(self, command: Command) -> Any:
+        """Send a command and return its result; :class:`RequestFailed` on an error reply."""
+        request_id = next(self._ids)
+        done = trio.Event()
+        box: list[Reply] = []
+        self._replies[request_id] = (done, box)
+        try:
+            self._push(Request(id=request_id, command=command))  # type: ignore[arg-type]
+            await done.wait()
+        finally:
+            del self._replies[request_id]
+        if not box:
+            raise self._lost or ConnectionLost("closed")
+        reply = box[0]
+        if not reply.ok:
+            error = reply.error
+            raise RequestFailed(error.code if error else "internal", error.message if error else "")
+        return reply.result
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+        patterns: Sequence[str] = (">",),
+        *,
+        sessions: Sequence[str] | None = None,
+        owned_only: bool = False,
+        window_ms: int = 16,
+        deltas: Literal["merged", "raw"] = "merged",
+        since_seq: int | None = None,
+    ) -> AsyncIterator[ClientSubscription]:
+        """Subscribe; live once this returns (the daemon has confirmed it in order)."""
+        sub_id = next(self._ids)
+        frame = Subscribe(
+            id=sub_id,
+            patterns=tuple(patterns),
+            sessions=tuple(sessions) if sessions is not None else None,
+            owned_only=owned_only,
+            window_ms=window_ms,
+            deltas=deltas,
+            since_seq=since_seq,
+        )
+        sub = ClientSubscription(self, sub_id, frame)
+        self._subs[sub_id] = sub
+        try:
+            self._push(frame)
+            await self.ping()
+            error = self._sub_errors.pop(sub_id, None)
+            if error is not None and error.code != "seq_ahead":
+                raise SubscribeFailed(error.code, error.message)
+            yield sub
+        finally:
+            if self._subs.pop(sub_id, None) is not None and self._lost is None:
+                self._push(Unsubscribe(id=sub_id))
+            sub._send.close()
+
+    async def aclose(self) -> None:
+        """Say bye and wait (briefly) for the daemon's goodbye."""
+        if self._closing:
+            return
+        if self._lost is None:
+            with trio.move_on_after(2.0):
+                self._push(Bye())
+                self._closing = True
+                while self._lost is None:
+                    self._room = trio.Event()
+                    await self._room.wait()
+        self._closing = True
+
+
+def _replace_since(frame: Subscribe, since_seq: int | None) -> Subscribe:
+    return msgspec.structs.replace(frame, since_seq=since_seq)
+
+
+@asynccontextmanager
+async def connect(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    client: str = f"busd-python/{__version__}",
+    role: Literal["frontend", "agent", "responder", "admin"] = "frontend",
+    catalog: Catalog | None = None,
+    reconnect: bool = False,
+) -> AsyncIterator[Client]:
+    """Connect to the daemon at ``path`` (``--socket``, ``$BUSD_SOCKET``, default).
+
+    :raises DaemonNotRunning: nobody listens there.
+    :raises ConnectionLost: the daemon refused the handshake.
+    """
+    resolved = resolve_socket_path(path)
+    instance = Client(
+        resolved,
+        client=client,
+        role=role,
+        catalog=catalog if catalog is not None else Catalog(),
+        reconnect=reconnect,
+    )
+    stream = await instance._open()
+    raised: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(instance._run, stream)
+        try:
+            yield instance
+        except BaseException as exc:
+            if isinstance(exc, trio.Cancelled):
+                raise  # Trio's own: the nursery must see it
+            raised = exc  # re-raised below, not wrapped in the nursery's group
+        finally:
+            with trio.CancelScope(shield=True):
+                await instance.aclose()
+            nursery.cancel_scope.cancel()
+    if raised is not None:
+        raise raised

@@ -1,0 +1,442 @@
+"""One client connection: handshake, a reader task, a writer task.
+
+The reader decodes frames and answers them synchronously against the
+:class:`~busd.daemon.Daemon`; everything to send goes through one outbox,
+drained by the writer in as few ``send_all`` calls as it can. The outbox is
+capped in bytes (queued plus in flight): a client that stops reading is told
+``goodbye(slow_consumer, resume_seq)`` and closed, and nobody else waits for
+it. Works over any Trio stream, so tests can use memory streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import trio
+
+from . import __version__
+from .batching import BatchDispatcher
+from .daemon import Daemon, PublishRejected, Subscription
+from .errors import InvalidPattern
+from .events import Envelope, Event
+from .protocol import (
+    BAD_HANDSHAKE,
+    BYE,
+    INTERNAL,
+    INVALID_EVENT,
+    INVALID_PATTERN,
+    SEQ_AHEAD,
+    SHUTDOWN,
+    SLOW_CONSUMER,
+    TOO_MANY_REQUESTS,
+    TOO_MANY_SUBSCRIPTIONS,
+    UNKNOWN_COMMAND,
+    UNKNOWN_SDK,
+    UNKNOWN_SESSION,
+    UNKNOWN_SUBSCRIPTION,
+    Bye,
+    Encoder,
+    Error,
+    ErrorInfo,
+    Events,
+    Frame,
+    Gap,
+    Goodbye,
+    Hello,
+    Ingest,
+    Ping,
+    Pong,
+    ProtocolError,
+    Publish,
+    Reply,
+    Request,
+    ServerHandshake,
+    Sessions,
+    Snapshot,
+    Stats,
+    Status,
+    Subscribe,
+    Unsubscribe,
+    client_frame_decoder,
+)
+
+__all__ = ["Connection"]
+
+logger = logging.getLogger("busd.connection")
+
+_RECEIVE = 65_536
+_EVENTS_OVERHEAD = 64  # an events frame's bytes besides its envelopes
+_GOODBYE_TIMEOUT = 1.0  # how long a closing connection may take to write its last frames
+
+
+@dataclass(slots=True)
+class _Out:
+    data: bytes
+    first_seq: int | None = None  # for events frames: the oldest seq they carry
+    reply: bool = False
+
+
+class _Failed(Exception):
+    """A reply that is an error (code, message)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Connection:
+    """Serves one client until it leaves, breaks the protocol, falls behind or we stop."""
+
+    def __init__(self, daemon: Daemon, stream: trio.abc.Stream, *, uid: int) -> None:
+        self.daemon = daemon
+        self.stream = stream
+        self.uid = uid
+        self.client_id = daemon.connection_opened(uid)
+        self.name = f"client-{self.client_id}"
+        config = daemon.config
+        self._decoder = client_frame_decoder(daemon.catalog, max_frame=config.max_frame)
+        self._encoder = Encoder(max_frame=config.max_frame)
+        self._out: deque[_Out] = deque()
+        self._out_bytes = 0
+        self._inflight: list[_Out] = []
+        self._inflight_bytes = 0
+        self._replies = 0  # replies queued or being written
+        self._out_ready = trio.Event()
+        self._closing = False
+        self._subs: dict[int, Subscription] = {}
+        self._reader_scope = trio.CancelScope()
+        self._writer_done = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # -- life --------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        try:
+            hello = await self._handshake()
+            if hello is None:
+                return
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._writer)
+                with self._reader_scope:
+                    await self._reader()
+                if self._closing:  # let the last frames (goodbye, error) go out
+                    with trio.move_on_after(_GOODBYE_TIMEOUT):
+                        await self._writer_done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            for sub in self._subs.values():
+                self.daemon.remove_subscription(sub)
+            self._subs.clear()
+            self.daemon.connection_closed(self.client_id)
+            with trio.CancelScope(shield=True), trio.move_on_after(_GOODBYE_TIMEOUT):
+                await self.stream.aclose()
+
+    async def goodbye(self, reason: str = SHUTDOWN, *, deadline: float | None = None) -> None:
+        """Flush every subscription, say goodbye with the resume seq, and close."""
+        if self._closing or self._nursery is None:
+            self._reader_scope.cancel()
+            return
+        with trio.move_on_at(deadline if deadline is not None else trio.current_time() + 1.0):
+            for sub in list(self._subs.values()):
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await sub.dispatcher.flush()
+        self._close_with(Goodbye(reason=reason, resume_seq=self.daemon.bus.head_seq))
+
+    def _close_with(self, frame: Frame) -> None:
+        """Queue a last frame and stop reading; the writer drains what is queued."""
+        if self._closing:
+            return
+        self._queue(frame)
+        self._closing = True
+        self._out_ready.set()
+        self._reader_scope.cancel()
+
+    # -- handshake ---------------------------------------------------------------
+
+    async def _handshake(self) -> Hello | None:
+        handshake = ServerHandshake(
+            server=__version__, client_id=self.client_id, limits=self.daemon.config.limits()
+        )
+        reply: Frame | None = None
+        frame: object = None
+        with trio.move_on_after(self.daemon.config.handshake_timeout) as scope:
+            while frame is None:
+                try:
+                    frame = self._decoder.next_frame()
+                except ProtocolError as exc:
+                    self.daemon.counters.protocol_errors += 1
+                    reply = handshake.receive_error(exc)
+                    break
+                if frame is None:
+                    data = await self._receive()
+                    if not data:
+                        return None
+                    self._decoder.feed(data)
+        if scope.cancelled_caught:
+            reply = handshake.timed_out()
+        elif reply is None:
+            reply = handshake.receive(frame, head_seq=self.daemon.bus.head_seq)
+        await self._send_now(reply)
+        if not isinstance(frame, Hello) or handshake.state != "done":
+            return None
+        self.name = frame.client or self.name
+        self.daemon.connection_identified(self.client_id, frame.client, frame.role)
+        return frame
+
+    async def _receive(self) -> bytes:
+        try:
+            return bytes(await self.stream.receive_some(_RECEIVE))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+
+    async def _send_now(self, frame: Frame) -> None:
+        with trio.move_on_after(_GOODBYE_TIMEOUT):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.stream.send_all(self._encoder.encode(frame))
+
+    # -- reading -----------------------------------------------------------------
+
+    async def _reader(self) -> None:
+        decoder = self._decoder
+        while True:
+            while True:
+                try:
+                    frame = decoder.next_frame()
+                except ProtocolError as exc:
+                    self.daemon.counters.protocol_errors += 1
+                    if exc.fatal:
+                        self._close_with(exc.to_frame())
+                        return
+                    self._protocol_error(exc)
+                    continue
+                if frame is None:
+                    break
+                if isinstance(frame, Bye):
+                    await self.goodbye(BYE)
+                    return
+                try:
+                    self._handle(frame)
+                except Exception:
+                    logger.exception("%s: failed to handle %r", self.name, frame)
+                    self._queue(Error(code=INTERNAL, message="the daemon failed on this frame"))
+            data = await self._receive()
+            if not data:
+                return  # the client went away
+            decoder.feed(data)
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        if exc.op == "request" and exc.ref is not None:
+            error = ErrorInfo(code=exc.code, message=exc.message)
+            self._queue(Reply(id=exc.ref, ok=False, error=error), reply=True)
+        else:
+            self._queue(exc.to_frame())
+
+    def _handle(self, frame: Any) -> None:
+        if isinstance(frame, Publish):
+            for index, outgoing in enumerate(frame.events):
+                try:
+                    self.daemon.publish_from_client(outgoing, source=self.name)
+                except PublishRejected as exc:
+                    self._queue(Error(code=INVALID_EVENT, message=f"events[{index}]: {exc}"))
+        elif isinstance(frame, Subscribe):
+            self._subscribe(frame)
+        elif isinstance(frame, Request):
+            self._request(frame)
+        elif isinstance(frame, Ping):
+            self._queue(Pong(nonce=frame.nonce))
+        elif isinstance(frame, Unsubscribe):
+            sub = self._subs.pop(frame.id, None)
+            if sub is None:
+                self._queue(
+                    Error(
+                        code=UNKNOWN_SUBSCRIPTION,
+                        message=f"no subscription {frame.id}",
+                        ref=frame.id,
+                    )
+                )
+            else:
+                self._drop(sub)
+        elif isinstance(frame, Ingest):
+            self._queue(
+                Error(
+                    code=UNKNOWN_SDK,
+                    message=f"no adapter for sdk {frame.sdk!r} is loaded",
+                )
+            )
+        elif isinstance(frame, Hello):
+            self._queue(Error(code=BAD_HANDSHAKE, message="hello was already received"))
+
+    # -- subscriptions -----------------------------------------------------------
+
+    def _subscribe(self, frame: Subscribe) -> None:
+        old = self._subs.pop(frame.id, None)
+        if old is not None:
+            self._drop(old)
+        elif len(self._subs) >= self.daemon.config.max_subscriptions:
+            self._queue(
+                Error(
+                    code=TOO_MANY_SUBSCRIPTIONS,
+                    message=f"at most {self.daemon.config.max_subscriptions} subscriptions",
+                    ref=frame.id,
+                )
+            )
+            return
+        sub_id = frame.id
+
+        async def send(batch: list[Envelope[Event]]) -> None:
+            self._queue_events(sub_id, [self.daemon.raw(e) for e in batch], batch[0].seq)
+
+        dispatcher = BatchDispatcher(
+            send, window=frame.window_ms / 1000, merge_deltas=frame.deltas == "merged"
+        )
+        try:
+            sub = Subscription(
+                self.client_id,
+                sub_id,
+                frame.patterns,
+                sessions=frame.sessions,
+                owned_only=frame.owned_only,
+                dispatcher=dispatcher,
+            )
+        except InvalidPattern as exc:
+            self._queue(Error(code=INVALID_PATTERN, message=str(exc), ref=sub_id))
+            return
+        if frame.since_seq is not None:
+            # Synchronous from here to add_subscription: nothing is missed or doubled.
+            found, raws = self.daemon.replay(sub, frame.since_seq)
+            if frame.since_seq > found.head_seq:
+                message = (
+                    f"since_seq {frame.since_seq} is past this daemon's head {found.head_seq} "
+                    "(it restarted): replaying from the oldest event held"
+                )
+                self._queue(Error(code=SEQ_AHEAD, message=message, ref=sub_id))
+            if found.gap is not None:
+                self._queue(Gap(sub=sub_id, from_seq=found.gap[0], to_seq=found.gap[1]))
+            if raws:
+                self._queue_events(sub_id, raws, None)
+        self.daemon.add_subscription(sub)
+        self._subs[sub_id] = sub
+        assert self._nursery is not None
+        self._nursery.start_soon(dispatcher.run)
+
+    def _drop(self, sub: Subscription) -> None:
+        self.daemon.remove_subscription(sub)
+        sub.dispatcher.close_nowait()
+
+    # -- requests ----------------------------------------------------------------
+
+    def _request(self, frame: Request) -> None:
+        limit = self.daemon.config.max_requests
+        if self._replies >= limit:
+            error = ErrorInfo(
+                code=TOO_MANY_REQUESTS,
+                message=f"more than {limit} replies are waiting to be read",
+            )
+            self._queue(Reply(id=frame.id, ok=False, error=error), reply=True)
+            return
+        try:
+            result = self._answer(frame.command)
+        except _Failed as failed:
+            error = ErrorInfo(code=failed.code, message=str(failed))
+            self._queue(Reply(id=frame.id, ok=False, error=error), reply=True)
+            return
+        self._queue(Reply(id=frame.id, ok=True, result=result), reply=True)
+
+    def _answer(self, command: object) -> Any:
+        daemon = self.daemon
+        if isinstance(command, Status):
+            return daemon.status()
+        if isinstance(command, Sessions):
+            return daemon.sessions.list(command.limit)
+        if isinstance(command, Snapshot):
+            snapshot = daemon.sessions.snapshot(
+                command.session_id, stats=daemon.session_stats(command.session_id)
+            )
+            if snapshot is None:
+                raise _Failed(UNKNOWN_SESSION, f"no session {command.session_id!r}")
+            return snapshot
+        if isinstance(command, Stats):
+            stats = daemon.stats(command.session_id)
+            if stats is None:
+                raise _Failed(UNKNOWN_SESSION, f"no stats for session {command.session_id!r}")
+            return stats
+        raise _Failed(UNKNOWN_COMMAND, f"unknown command {type(command).__name__}")
+
+    # -- writing -----------------------------------------------------------------
+
+    def _queue(self, frame: Frame, *, reply: bool = False) -> None:
+        self._push(_Out(self._encoder.encode(frame), reply=reply))
+
+    def _queue_events(self, sub_id: int, raws: list[msgspec.Raw], first_seq: int | None) -> None:
+        """Events frames for ``raws``, split to stay under the frame cap."""
+        cap = self.daemon.config.max_frame - _EVENTS_OVERHEAD
+        chunk: list[msgspec.Raw] = []
+        size = 0
+        for raw in raws:
+            length = len(raw)
+            if chunk and size + length > cap:
+                self._push(_Out(self._encoder.encode(Events(sub=sub_id, events=chunk)), first_seq))
+                chunk, size, first_seq = [], 0, None
+            chunk.append(raw)
+            size += length
+        if chunk:
+            self._push(_Out(self._encoder.encode(Events(sub=sub_id, events=chunk)), first_seq))
+
+    def _push(self, out: _Out) -> None:
+        if self._closing:
+            return
+        self._out.append(out)
+        self._out_bytes += len(out.data)
+        if out.reply:
+            self._replies += 1
+        if self._out_bytes + self._inflight_bytes > self.daemon.config.outbound_cap:
+            self._slow_consumer()
+        self._out_ready.set()
+
+    def _slow_consumer(self) -> None:
+        """Over the outbound cap: drop what is queued, say where to resume, close."""
+        pending = [o.first_seq for o in (*self._inflight, *self._out) if o.first_seq is not None]
+        pending += [
+            seq for sub in self._subs.values() if (seq := sub.dispatcher.pending_seq()) is not None
+        ]
+        resume = min(pending) - 1 if pending else self.daemon.bus.head_seq
+        self.daemon.counters.slow_consumer_disconnects += 1
+        logger.warning("%s: slow consumer, disconnected (resume after seq %d)", self.name, resume)
+        self._out.clear()
+        self._out_bytes = 0
+        for sub in self._subs.values():
+            self._drop(sub)
+        self._subs.clear()
+        self._close_with(Goodbye(reason=SLOW_CONSUMER, resume_seq=resume))
+
+    async def _writer(self) -> None:
+        try:
+            while True:
+                if not self._out:
+                    if self._closing:
+                        return
+                    self._out_ready = trio.Event()
+                    await self._out_ready.wait()
+                    continue
+                batch = list(self._out)
+                self._out.clear()
+                self._inflight = batch
+                self._inflight_bytes = self._out_bytes
+                self._out_bytes = 0
+                try:
+                    await self.stream.send_all(b"".join(o.data for o in batch))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._closing = True
+                    self._reader_scope.cancel()
+                    return
+                self._replies -= sum(1 for o in batch if o.reply)
+                self._inflight = []
+                self._inflight_bytes = 0
+        finally:
+            self._writer_done.set()

@@ -1,0 +1,340 @@
+"""The daemon's hub: everything shared by all connections, with no socket in sight.
+
+One :class:`Daemon` owns the bus and what hangs off it: correlation (stamped
+on every event before it is sequenced), the accountant (derived ``busd.*``
+events), the replay history, the session registry, and every live
+subscription. Each accepted event is encoded to msgpack exactly once, here;
+the bytes are kept for replay and reused in every subscriber's ``events``
+frame, so fan-out to N subscribers costs one serialization, not N.
+
+Connections (:mod:`busd.connection`) call in synchronously; the only Trio
+parts are :meth:`Daemon.run` (the accountant's tick loop and the nursery
+that subscription dispatchers run in).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import trio
+
+from . import __version__
+from .accounting import Accountant, AccountingService
+from .batching import BatchDispatcher
+from .bus import Bus
+from .catalog import Catalog
+from .correlation import Correlator
+from .events import Envelope, Event, StreamingStats, event_type
+from .history import History, Replay
+from .patterns import Pattern
+from .protocol import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
+from .sessions import SessionRegistry
+
+__all__ = ["Daemon", "DaemonConfig", "PublishRejected", "Subscription"]
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    """Limits and defaults; every one is a ``busd serve`` flag (docs/operations.md)."""
+
+    max_frame: int = DEFAULT_MAX_FRAME
+    outbound_cap: int = 8 << 20
+    handshake_timeout: float = 5.0
+    replay: int = 100_000
+    max_subscriptions: int = 64
+    max_requests: int = 16
+    max_connections_per_uid: int = 256
+    window_ms_default: int = 16
+    shutdown_grace: float = 2.0
+    raw_cache: int = 65_536
+
+    def limits(self) -> Limits:
+        return Limits(
+            max_frame=self.max_frame,
+            max_subscriptions=self.max_subscriptions,
+            max_inflight_requests=self.max_requests,
+            outbound_cap=self.outbound_cap,
+            window_ms_default=self.window_ms_default,
+            replay_capacity=self.replay,
+        )
+
+
+class PublishRejected(ValueError):
+    """A client's event that the daemon will not sequence (the reason is the message)."""
+
+
+SendBatch = Callable[["Subscription", list[Envelope[Event]]], None]
+
+
+class Subscription:
+    """One ``subscribe`` of one connection: its filter and its batch dispatcher."""
+
+    __slots__ = (
+        "_matches",
+        "connection_id",
+        "dispatcher",
+        "id",
+        "owned_only",
+        "patterns",
+        "sessions",
+    )
+
+    def __init__(
+        self,
+        connection_id: int,
+        sub_id: int,
+        patterns: Iterable[str],
+        *,
+        sessions: Iterable[str] | None,
+        owned_only: bool,
+        dispatcher: BatchDispatcher,
+    ) -> None:
+        self.connection_id = connection_id
+        self.id = sub_id
+        self.patterns = [Pattern(p) for p in patterns]  # InvalidPattern for a bad one
+        self.sessions = frozenset(sessions) if sessions is not None else None
+        self.owned_only = owned_only
+        self.dispatcher = dispatcher
+        self._matches: dict[type[Event], bool] = {}
+
+    def wants(self, envelope: Envelope[Event]) -> bool:
+        if self.sessions is not None and envelope.session_id not in self.sessions:
+            return False
+        if self.owned_only and (envelope.run_id is None or envelope.stale):
+            return False
+        cls = type(envelope.event)
+        matched = self._matches.get(cls)
+        if matched is None:
+            name = event_type(envelope.event)
+            matched = any(p.matches(name) for p in self.patterns)
+            self._matches[cls] = matched
+        return matched
+
+
+@dataclass(slots=True)
+class _Counters:
+    started: float = field(default_factory=time.time)
+    connections_total: int = 0
+    slow_consumer_disconnects: int = 0
+    protocol_errors: int = 0
+    rejected_events: int = 0
+
+
+class Daemon:
+    """The bus and everything every connection shares."""
+
+    def __init__(
+        self,
+        config: DaemonConfig | None = None,
+        *,
+        catalog: Catalog | None = None,
+        accountant: Accountant | None = None,
+        socket_path: str | None = None,
+    ) -> None:
+        self.config = config if config is not None else DaemonConfig()
+        self.catalog = catalog if catalog is not None else Catalog()
+        self.catalog.freeze()  # decoders are built from it from now on
+        self.bus = Bus(self.catalog)
+        self.correlator = Correlator()
+        self.history = History(self.config.replay)
+        self.sessions = SessionRegistry()
+        self.socket_path = socket_path
+        self._accounting = AccountingService(self.bus, accountant)
+        self._subscriptions: list[Subscription] = []
+        self._dead: list[Subscription] = []
+        self._raw: dict[int, tuple[Envelope[Event], msgspec.Raw]] = {}
+        self._connections: dict[int, tuple[str, str, int]] = {}  # id -> (client, role, uid)
+        self._next_client_id = 0
+        self._rate: deque[tuple[int, int]] = deque(maxlen=11)  # (second, head seq)
+        self.counters = _Counters()
+        self.bus.on_all(self._on_event)
+        self._nursery: trio.Nursery | None = None
+
+    # -- the Trio part ---------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the accountant and host subscription dispatchers until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self._accounting.run)
+            task_status.started()
+            await trio.sleep_forever()
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("Daemon.run() is not running")
+        return self._nursery
+
+    # -- events in -------------------------------------------------------------
+
+    def publish(
+        self,
+        event: Event,
+        *,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        agent_id: str | None = None,
+        source: str = "",
+        parent_tool_call_id: str | None = None,
+    ) -> Envelope[Event]:
+        """Correlate, sequence and fan out one event (adapters, drivers, clients)."""
+        route = self.correlator.route(
+            event,
+            session_id=session_id,
+            run_id=run_id,
+            agent_id=agent_id,
+            parent_tool_call_id=parent_tool_call_id,
+        )
+        return self.bus.publish(
+            event,
+            session_id=session_id,
+            run_id=route.run_id,
+            agent_id=route.agent_id,
+            source=source,
+            stale=route.stale,
+        )
+
+    def publish_from_client(self, outgoing: Outgoing[Event], *, source: str) -> Envelope[Event]:
+        """A client's event: daemon-derived types are refused, everything else published."""
+        event = outgoing.event
+        name = event_type(event)
+        if name.startswith("busd."):
+            self.counters.rejected_events += 1
+            raise PublishRejected(f"{name!r} events are derived by the daemon, not published")
+        return self.publish(
+            event,
+            session_id=outgoing.session_id,
+            run_id=outgoing.run_id,
+            agent_id=outgoing.agent_id,
+            source=source,
+        )
+
+    def _on_event(self, envelope: Envelope[Event]) -> None:
+        raw = encode_envelope(envelope)
+        self.history.append(envelope, raw)
+        cache = self._raw
+        cache[envelope.seq] = (envelope, raw)
+        if len(cache) > self.config.raw_cache:
+            del cache[next(iter(cache))]
+        self.sessions.observe(envelope)
+        for subscription in self._subscriptions:
+            if subscription.wants(envelope):
+                try:
+                    subscription.dispatcher.add(envelope)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    self._dead.append(subscription)  # its connection is going away
+        if self._dead:
+            for subscription in self._dead:
+                self.remove_subscription(subscription)
+            self._dead.clear()
+
+    def raw(self, envelope: Envelope[Event]) -> msgspec.Raw:
+        """The envelope's bytes: cached when it is the published one, else encoded now.
+
+        Merged deltas are new envelopes carrying an old seq, hence the identity check.
+        """
+        cached = self._raw.get(envelope.seq)
+        if cached is not None and cached[0] is envelope:
+            return cached[1]
+        return encode_envelope(envelope)
+
+    # -- subscriptions ---------------------------------------------------------
+
+    def add_subscription(self, subscription: Subscription) -> None:
+        self._subscriptions.append(subscription)
+
+    def remove_subscription(self, subscription: Subscription) -> None:
+        if subscription in self._subscriptions:
+            self._subscriptions.remove(subscription)
+
+    def replay(
+        self, subscription: Subscription, since_seq: int
+    ) -> tuple[Replay, list[msgspec.Raw]]:
+        """What a resuming subscription missed (a ``since_seq`` past the head starts over)."""
+        found = self.history.since(since_seq)
+        if found.ahead:
+            found = self.history.since(0)
+        wants = subscription.wants
+        raws = [raw for env, raw in zip(found.envelopes, found.raws, strict=True) if wants(env)]
+        return found, raws
+
+    # -- connections -----------------------------------------------------------
+
+    def connection_opened(self, uid: int) -> int:
+        """Count a new connection (before its hello) and give it a client id."""
+        self._next_client_id += 1
+        self.counters.connections_total += 1
+        self._connections[self._next_client_id] = ("", "", uid)
+        return self._next_client_id
+
+    def connection_identified(self, client_id: int, client: str, role: str) -> None:
+        uid = self._connections[client_id][2]
+        self._connections[client_id] = (client, role, uid)
+
+    def connection_closed(self, client_id: int) -> None:
+        self._connections.pop(client_id, None)
+        for subscription in [s for s in self._subscriptions if s.connection_id == client_id]:
+            self.remove_subscription(subscription)
+
+    def connections_of(self, uid: int) -> int:
+        return sum(1 for _, _, u in self._connections.values() if u == uid)
+
+    # -- answers to requests ---------------------------------------------------
+
+    def events_per_second(self) -> float:
+        """Accepted events per second over the last ten seconds."""
+        now = int(time.monotonic())
+        head = self.bus.head_seq
+        rate = self._rate
+        if not rate or rate[-1][0] != now:
+            rate.append((now, head))
+        first_second, first_head = rate[0]
+        span = max(1, now - first_second)
+        return (head - first_head) / span
+
+    def status(self) -> dict[str, Any]:
+        bus = self.bus.statistics()
+        roles: dict[str, int] = {}
+        for _, role, _ in self._connections.values():
+            roles[role] = roles.get(role, 0) + 1
+        return {
+            "server": __version__,
+            "socket": self.socket_path,
+            "uptime_s": round(time.time() - self.counters.started, 3),
+            "head_seq": bus.head_seq,
+            "events_per_s": round(self.events_per_second(), 1),
+            "clients": len(self._connections),
+            "clients_by_role": roles,
+            "subscriptions": len(self._subscriptions),
+            "sessions": self.sessions.statistics().sessions,
+            "connections_total": self.counters.connections_total,
+            "slow_consumer_disconnects": self.counters.slow_consumer_disconnects,
+            "dropped_events": sum(s.dispatcher.statistics().dropped for s in self._subscriptions),
+            "rejected_events": self.counters.rejected_events,
+            "protocol_errors": self.counters.protocol_errors,
+            "handler_errors": bus.handler_errors,
+            "history": msgspec.to_builtins(self.history.statistics()),
+        }
+
+    def session_stats(self, session_id: str) -> StreamingStats | None:
+        """A session's streaming stats as of now (the thinking timer included)."""
+        return self._accounting.accountant.session_stats(session_id, trio.current_time())
+
+    def stats(self, session_id: str | None) -> Any:
+        """A session's live stats (``None`` if unknown), or the daemon's component statistics."""
+        if session_id is not None:
+            return self.session_stats(session_id)
+        return msgspec.to_builtins(
+            {
+                "bus": self.bus.statistics(),
+                "correlation": self.correlator.statistics(),
+                "history": self.history.statistics(),
+                "sessions": self.sessions.statistics(),
+            }
+        )

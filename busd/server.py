@@ -1,0 +1,153 @@
+"""The Unix-socket server: accept, check the peer, serve; stop gracefully.
+
+:class:`Server` accepts on a listening socket and runs one
+:class:`~busd.connection.Connection` per client in its nursery. Peers are
+checked with ``SO_PEERCRED`` before a byte is read: only the daemon's uid
+and root get in. :func:`serve` is what ``busd serve`` runs: it binds (or
+adopts a systemd socket), tells systemd when it is ready, and on SIGTERM or
+SIGINT flushes every subscription, says goodbye to every client and returns
+within the configured grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from . import systemd
+from .connection import Connection
+from .daemon import Daemon
+from .endpoint import Endpoint, peer_allowed, peer_credentials
+from .protocol import FORBIDDEN, SHUTDOWN, TOO_MANY_CONNECTIONS, Error, encode_frame
+
+__all__ = ["Server", "serve"]
+
+logger = logging.getLogger("busd.server")
+
+
+class Server:
+    """Serves a :class:`Daemon` on a listening ``AF_UNIX`` socket."""
+
+    def __init__(self, daemon: Daemon, sock: socket.socket, *, uid: int | None = None) -> None:
+        self.daemon = daemon
+        self._sock = sock
+        self._uid = os.getuid() if uid is None else uid
+        self._connections: set[Connection] = set()
+        self._nursery: trio.Nursery | None = None
+        self._listener: trio.SocketListener | None = None
+        self._drained = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the daemon and accept clients until cancelled (or :meth:`shutdown`)."""
+        self._sock.setblocking(False)
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(self._sock))
+        self._listener = listener
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.daemon.run)
+            nursery.start_soon(self._accept_loop, listener)
+            task_status.started()
+
+    async def _accept_loop(self, listener: trio.SocketListener) -> None:
+        assert self._nursery is not None
+        while True:
+            try:
+                stream = await listener.accept()
+            except trio.ClosedResourceError:
+                return
+            except OSError as exc:  # EMFILE and friends: back off, keep serving
+                logger.warning("accept failed: %s", exc)
+                await trio.sleep(0.1)
+                continue
+            self._nursery.start_soon(self._serve_client, stream)
+
+    async def _serve_client(self, stream: trio.SocketStream) -> None:
+        creds = peer_credentials(stream.socket)
+        refusal: Error | None = None
+        if not peer_allowed(creds, server_uid=self._uid):
+            refusal = Error(
+                code=FORBIDDEN,
+                message=f"uid {creds.uid} may not use this daemon (it serves uid {self._uid})",
+                fatal=True,
+            )
+        elif self.daemon.connections_of(creds.uid) >= self.daemon.config.max_connections_per_uid:
+            refusal = Error(
+                code=TOO_MANY_CONNECTIONS,
+                message=(
+                    f"uid {creds.uid} already has "
+                    f"{self.daemon.config.max_connections_per_uid} connections"
+                ),
+                fatal=True,
+            )
+        if refusal is not None:
+            logger.warning("refused pid %d uid %d: %s", creds.pid, creds.uid, refusal.code)
+            with trio.move_on_after(1.0):
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await stream.send_all(encode_frame(refusal))
+            await trio.aclose_forcefully(stream)
+            return
+        connection = Connection(self.daemon, stream, uid=creds.uid)
+        self._connections.add(connection)
+        try:
+            await connection.serve()
+        finally:
+            self._connections.discard(connection)
+            if not self._connections:
+                self._drained.set()
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    async def shutdown(self, reason: str = SHUTDOWN) -> None:
+        """Stop accepting, flush and say goodbye to everyone, then stop everything.
+
+        Bounded by the daemon's ``shutdown_grace``: whoever is not done by
+        then is cut off.
+        """
+        deadline = trio.current_time() + self.daemon.config.shutdown_grace
+        if self._listener is not None:
+            await self._listener.aclose()
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+                for connection in list(self._connections):
+                    nursery.start_soon(connection.goodbye, reason)
+            if self._connections:  # each closes its stream on the way out
+                self._drained = trio.Event()
+                await self._drained.wait()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+
+async def serve(
+    path: Path,
+    daemon: Daemon,
+    *,
+    on_ready: Callable[[str], None] = lambda where: None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Bind ``path`` (or adopt systemd's socket) and serve until SIGTERM or SIGINT."""
+    activated = systemd.listen_fds()
+    endpoint = Endpoint.adopt(activated[0], path) if activated else Endpoint.bind(path)
+    with endpoint, trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        where = str(endpoint.path) if endpoint.path is not None else "a systemd socket"
+        daemon.socket_path = where
+        server = Server(daemon, endpoint.socket)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            systemd.notify(f"READY=1\nSTATUS=listening on {where}")
+            on_ready(where)
+            task_status.started()
+            async for signum in signals:
+                logger.info("got %s: shutting down", signal.Signals(signum).name)
+                break
+            systemd.notify("STOPPING=1")
+            await server.shutdown()
+            nursery.cancel_scope.cancel()
