@@ -126,7 +126,7 @@ class Connection:
                 with self._reader_scope:
                     await self._reader()
                 if self._closing:  # let the last frames (goodbye, error) go out
-                    with trio.move_on_after(_GOODBYE_TIMEOUT):
+                    with trio.move_on_after(self.daemon.config.goodbye_timeout):
                         await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
         finally:

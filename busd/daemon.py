@@ -40,7 +40,13 @@ __all__ = ["Daemon", "DaemonConfig", "PublishRejected", "Subscription"]
 
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
-    """Limits and defaults; every one is a ``busd serve`` flag (docs/operations.md)."""
+    """Limits and defaults; most are ``busd serve`` flags (docs/operations.md).
+
+    ``goodbye_timeout`` is how long a connection that is being closed (slow
+    consumer, fatal error) may take to write what it already started
+    writing plus its last frame, so a client that resumes reading still
+    learns why it was dropped.
+    """
 
     max_frame: int = DEFAULT_MAX_FRAME
     outbound_cap: int = 8 << 20
@@ -51,6 +57,7 @@ class DaemonConfig:
     max_connections_per_uid: int = 256
     window_ms_default: int = 16
     shutdown_grace: float = 2.0
+    goodbye_timeout: float = 5.0
     raw_cache: int = 65_536
 
     def limits(self) -> Limits:

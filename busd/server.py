@@ -135,7 +135,10 @@ async def serve(
 ) -> None:
     """Bind ``path`` (or adopt systemd's socket) and serve until SIGTERM or SIGINT."""
     activated = systemd.listen_fds()
-    endpoint = Endpoint.adopt(activated[0], path) if activated else Endpoint.bind(path)
+    for extra in activated[1:]:
+        logger.warning("ignoring extra socket-activated fd %d: busd serves one", extra.fileno())
+        extra.close()
+    endpoint = Endpoint.adopt(activated[0]) if activated else Endpoint.bind(path)
     with endpoint, trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         where = str(endpoint.path) if endpoint.path is not None else "a systemd socket"
         daemon.socket_path = where
