@@ -65,7 +65,7 @@ from .protocol import (
     client_frame_decoder,
 )
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "close_gracefully"]
 
 logger = logging.getLogger("busd.connection")
 
@@ -87,6 +87,24 @@ class _Failed(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+async def close_gracefully(stream: trio.abc.Stream) -> None:
+    """Half-close, drain what the peer still sends, then close.
+
+    Closing a Unix socket with unread bytes in it makes the kernel reset the
+    connection, and the peer may lose the last frames we wrote (the error
+    that says why it is being closed). The drain is bounded (one second).
+    """
+    with trio.move_on_after(_GOODBYE_TIMEOUT):
+        try:
+            if isinstance(stream, trio.abc.HalfCloseableStream):
+                await stream.send_eof()
+            while await stream.receive_some(_RECEIVE):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    await trio.aclose_forcefully(stream)
 
 
 class Connection:
@@ -134,8 +152,8 @@ class Connection:
                 self.daemon.remove_subscription(sub)
             self._subs.clear()
             self.daemon.connection_closed(self.client_id)
-            with trio.CancelScope(shield=True), trio.move_on_after(_GOODBYE_TIMEOUT):
-                await self.stream.aclose()
+            with trio.CancelScope(shield=True):
+                await close_gracefully(self.stream)
 
     async def goodbye(self, reason: str = SHUTDOWN, *, deadline: float | None = None) -> None:
         """Flush every subscription, say goodbye with the resume seq, and close."""
@@ -170,7 +188,6 @@ class Connection:
                 try:
                     frame = self._decoder.next_frame()
                 except ProtocolError as exc:
-                    self.daemon.counters.protocol_errors += 1
                     reply = handshake.receive_error(exc)
                     break
                 if frame is None:
@@ -184,6 +201,8 @@ class Connection:
             reply = handshake.receive(frame, head_seq=self.daemon.bus.head_seq)
         await self._send_now(reply)
         if not isinstance(frame, Hello) or handshake.state != "done":
+            if isinstance(reply, Error) and reply.code != "handshake_timeout":
+                self.daemon.counters.protocol_errors += 1
             return None
         self.name = frame.client or self.name
         self.daemon.connection_identified(self.client_id, frame.client, frame.role)

@@ -22,7 +22,7 @@ from pathlib import Path
 import trio
 
 from . import systemd
-from .connection import Connection
+from .connection import Connection, close_gracefully
 from .daemon import Daemon
 from .endpoint import Endpoint, peer_allowed, peer_credentials
 from .protocol import FORBIDDEN, SHUTDOWN, TOO_MANY_CONNECTIONS, Error, encode_frame
@@ -91,7 +91,7 @@ class Server:
             with trio.move_on_after(1.0):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await stream.send_all(encode_frame(refusal))
-            await trio.aclose_forcefully(stream)
+            await close_gracefully(stream)
             return
         connection = Connection(self.daemon, stream, uid=creds.uid)
         self._connections.add(connection)

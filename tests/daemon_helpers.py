@@ -1,0 +1,84 @@
+"""Helpers for tests that run a real daemon on a real Unix socket."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from busd.catalog import Catalog
+from busd.daemon import Daemon, DaemonConfig
+from busd.endpoint import Endpoint
+from busd.protocol import (
+    PROTOCOL_VERSION,
+    Frame,
+    Hello,
+    ServerFrame,
+    Welcome,
+    encode_frame,
+    server_frame_decoder,
+)
+from busd.server import Server
+
+
+@asynccontextmanager
+async def running_daemon(path: Path, config: DaemonConfig | None = None) -> AsyncIterator[Server]:
+    """A daemon serving ``path`` in this test's nursery."""
+    with Endpoint.bind(path) as endpoint:
+        daemon = Daemon(config, socket_path=str(path))
+        server = Server(daemon, endpoint.socket)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            yield server
+            nursery.cancel_scope.cancel()
+
+
+class RawClient:
+    """Speaks bytes to the daemon, for tests of what a broken client can do."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.decoder = server_frame_decoder(Catalog())
+
+    @classmethod
+    async def open(cls, path: Path, *, hello: bool = True) -> RawClient:
+        client = cls(await trio.open_unix_socket(os.fspath(path)))
+        if hello:
+            await client.send(Hello(protocol=PROTOCOL_VERSION, client="raw"))
+            welcome = await client.receive()
+            assert isinstance(welcome, Welcome), welcome
+        return client
+
+    async def send(self, frame: Frame) -> None:
+        await self.stream.send_all(encode_frame(frame))
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def receive(self) -> ServerFrame:
+        """The next frame; raises EOFError when the daemon closed the connection."""
+        while True:
+            frame = self.decoder.next_frame()
+            if frame is not None:
+                return frame
+            data = await self.stream.receive_some(65536)
+            if not data:
+                raise EOFError("the daemon closed the connection")
+            self.decoder.feed(data)
+
+    async def receive_until_closed(self) -> list[Any]:
+        """Every frame until the daemon closes the connection (then close ours)."""
+        frames: list[Any] = []
+        try:
+            while True:
+                frames.append(await self.receive())
+        except (EOFError, trio.BrokenResourceError):
+            await self.aclose()
+            return frames
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

@@ -1,0 +1,303 @@
+"""``busd serve`` and its client commands as real processes on a real socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+from busd.catalog import Catalog
+from busd.protocol import (
+    PROTOCOL_VERSION,
+    Error,
+    Goodbye,
+    Hello,
+    Welcome,
+    encode_frame,
+    server_frame_decoder,
+)
+
+BUSD = [sys.executable, "-m", "busd"]
+PUBLISHER = """
+import sys, trio
+from busd.client import connect
+from busd.events import SessionIdle, SessionInfo, TextDelta
+
+async def main(path, count):
+    async with connect(path, client="publisher", role="agent") as client:
+        for i in range(count):
+            session = "s1" if i % 2 else "s2"
+            if i % 4:
+                await client.publish(TextDelta(message_id="m", text=f"{i} "), session_id=session)
+            else:
+                await client.publish(SessionInfo(message=str(i)), session_id=session)
+        await client.publish(SessionIdle(), session_id="s1")
+        await client.flush()
+
+trio.run(main, sys.argv[1], int(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def sock_path() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="busd-", dir="/tmp"))
+    yield directory / "run" / "bus.sock"
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+async def read_line(stream: trio.abc.ReceiveStream) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await stream.receive_some(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+
+
+@asynccontextmanager
+async def serving(path: Path, *args: str) -> AsyncIterator[trio.Process]:
+    """``busd serve`` in a subprocess, yielded once it says it listens."""
+    process = await trio.lowlevel.open_process(
+        [*BUSD, "serve", "--socket", str(path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        with trio.fail_after(20):
+            line = await read_line(process.stdout)
+        assert f"listening on {path}" in line, line
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.fail_after(20):
+            await process.wait()
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                await pipe.aclose()
+
+
+async def busd(*args: str, check: bool = False) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(60):
+        return await trio.run_process(
+            [*BUSD, *args], capture_stdout=True, capture_stderr=True, check=check
+        )
+
+
+async def test_serve_listens_with_private_permissions_and_reports_status(sock_path: Path) -> None:
+    async with serving(sock_path):
+        assert stat.S_IMODE(sock_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(sock_path.parent.stat().st_mode) == 0o700
+        result = await busd("status", "--json", "--socket", str(sock_path), check=True)
+        status = json.loads(result.stdout)
+        assert status["socket"] == str(sock_path)
+        assert status["clients"] == 1
+
+
+async def test_tail_processes_with_different_filters_each_get_exactly_their_events(
+    sock_path: Path,
+) -> None:
+    count = 400
+    every = [(i, "s1" if i % 2 else "s2") for i in range(count)]
+    infos = [i for i, _ in every if i % 4 == 0]
+    deltas_s1 = [i for i, s in every if i % 4 and s == "s1"]
+    async with serving(sock_path), trio.open_nursery() as nursery:
+        results: dict[str, subprocess.CompletedProcess[bytes]] = {}
+
+        async def tail(name: str, *args: str) -> None:
+            # --since 0: however the tail's start races the publisher, replay plus
+            # live delivery must add up to exactly the stream, without gaps or doubles.
+            results[name] = await busd(
+                "tail",
+                "--socket",
+                str(sock_path),
+                "--json",
+                "--since",
+                "0",
+                "--timeout",
+                "30",
+                *args,
+            )
+
+        tails = {
+            "infos": ("stream.session.info", "--count", str(len(infos))),
+            "deltas": (
+                "stream.text.delta",
+                "--session",
+                "s1",
+                "--raw-deltas",
+                "--count",
+                str(len(deltas_s1)),
+            ),
+            "until-idle": ("stream.>", "--until", "stream.session.idle"),
+        }
+        for name, args in tails.items():
+            nursery.start_soon(tail, name, *args)
+        await trio.run_process([sys.executable, "-c", PUBLISHER, str(sock_path), str(count)])
+
+    for name, result in results.items():
+        assert result.returncode == 0, (name, result.stderr)
+    lines = {
+        name: [json.loads(line) for line in r.stdout.splitlines()] for name, r in results.items()
+    }
+    assert [int(e["event"]["message"]) for e in lines["infos"]] == infos
+    assert [int(e["event"]["text"]) for e in lines["deltas"]] == deltas_s1
+    assert {e["session_id"] for e in lines["deltas"]} == {"s1"}
+    everything = lines["until-idle"]
+    assert everything[-1]["event"]["type"] == "stream.session.idle"
+    for name, envelopes in lines.items():
+        seqs = [e["seq"] for e in envelopes]
+        assert seqs == sorted(set(seqs)), name
+    text = "".join(
+        e["event"]["text"] for e in everything if e["event"]["type"] == "stream.text.delta"
+    )
+    assert text == "".join(f"{i} " for i in range(count) if i % 4)
+
+
+async def _status(path: Path) -> dict[str, int]:
+    result = await busd("status", "--json", "--socket", str(path), check=True)
+    status: dict[str, int] = json.loads(result.stdout)
+    return status
+
+
+async def test_a_second_instance_is_refused_while_the_first_keeps_serving(
+    sock_path: Path,
+) -> None:
+    async with serving(sock_path) as first:
+        second = await busd("serve", "--socket", str(sock_path))
+        assert second.returncode != 0
+        assert b"already running" in second.stderr
+        assert str(first.pid).encode() in second.stderr
+        assert (await _status(sock_path))["clients"] == 1
+
+
+async def test_a_stale_socket_left_by_kill_9_is_reclaimed(sock_path: Path) -> None:
+    async with serving(sock_path) as first:
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+    assert sock_path.exists()  # left behind, as after a crash
+    async with serving(sock_path):
+        assert (await _status(sock_path))["head_seq"] == 0
+
+
+async def test_a_file_that_is_not_a_socket_is_refused_and_left_alone(sock_path: Path) -> None:
+    sock_path.parent.mkdir(mode=0o700)
+    sock_path.write_text("precious")
+    result = await busd("serve", "--socket", str(sock_path))
+    assert result.returncode != 0
+    assert b"not a socket" in result.stderr
+    assert sock_path.read_text() == "precious"
+
+
+async def test_sigterm_says_goodbye_to_clients_and_exits_cleanly(sock_path: Path) -> None:
+    async with serving(sock_path) as daemon:
+        client = await trio.open_unix_socket(str(sock_path))
+        await client.send_all(encode_frame(Hello(protocol=PROTOCOL_VERSION, client="t")))
+        decoder = server_frame_decoder(Catalog())
+        frames = []
+        daemon.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            while data := await client.receive_some(65536):
+                decoder.feed(data)
+                frames += list(decoder)
+            code = await daemon.wait()
+        await client.aclose()
+    assert code == 0
+    welcome, goodbye = frames
+    assert isinstance(welcome, Welcome)
+    assert isinstance(goodbye, Goodbye)
+    assert goodbye.reason == "shutdown"
+    assert not sock_path.exists()
+
+
+async def test_client_commands_without_a_daemon_fail_with_a_message(sock_path: Path) -> None:
+    for args in (
+        ("status",),
+        ("tail",),
+        ("publish", "stream.session.info", "--field", "message=x"),
+    ):
+        result = await busd(*args, "--socket", str(sock_path))
+        assert result.returncode == 1
+        assert b"no busd daemon" in result.stderr
+
+
+async def test_publish_validates_before_connecting(sock_path: Path) -> None:
+    result = await busd(
+        "publish", "stream.text.delta", "--field", "text=x", "--socket", str(sock_path)
+    )
+    assert result.returncode == 2
+    assert b"message_id" in result.stderr
+    result = await busd("publish", "stream.nope", "--socket", str(sock_path))
+    assert result.returncode == 2
+    assert b"unknown event type" in result.stderr
+
+
+async def test_tail_times_out_with_exit_124(sock_path: Path) -> None:
+    async with serving(sock_path):
+        result = await busd("tail", "--socket", str(sock_path), "--count", "1", "--timeout", "0.5")
+    assert result.returncode == 124
+    assert b"timed out" in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+async def test_a_peer_with_another_uid_is_refused_by_its_credentials(sock_path: Path) -> None:
+    async with serving(sock_path):
+        # Open the file permissions so only SO_PEERCRED stands in the way.
+        os.chmod(sock_path.parent.parent, 0o755)
+        os.chmod(sock_path.parent, 0o755)
+        os.chmod(sock_path, 0o666)
+        answer = await trio.to_thread.run_sync(_connect_as_nobody, str(sock_path))
+        assert (await _status(sock_path))["clients"] == 1  # the daemon is fine
+    frame = msgspec.msgpack.Decoder(Error).decode(answer[4:])
+    assert (frame.code, frame.fatal) == ("forbidden", True)
+    assert "uid 65534" in frame.message
+
+
+def _connect_as_nobody(path: str) -> bytes:
+    """Fork a child that drops to uid 65534, connects and returns what the daemon says."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(path)
+                sock.sendall(encode_frame(Hello(protocol=PROTOCOL_VERSION, client="nobody")))
+                data = b""
+                while chunk := sock.recv(65536):
+                    data += chunk
+            os.write(write_end, data)
+        except BaseException as exc:
+            os.write(write_end, f"child failed: {exc!r}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 65536):
+        chunks.append(chunk)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    assert not data.startswith(b"child failed"), data
+    (length,) = struct.unpack(">I", data[:4])
+    assert len(data) == 4 + length
+    return data

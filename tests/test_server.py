@@ -1,0 +1,503 @@
+"""The daemon over a real Unix socket, driven by the client library and by raw bytes."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+
+from busd.catalog import Catalog
+from busd.client import Batch, ClientSubscription, RequestFailed, SubscribeFailed, connect
+from busd.connection import Connection
+from busd.daemon import Daemon, DaemonConfig
+from busd.events import (
+    Envelope,
+    Event,
+    SessionIdle,
+    SessionInfo,
+    SessionStart,
+    StreamingStats,
+    TextDelta,
+    TokenUsage,
+    TurnEnd,
+    Usage,
+)
+from busd.protocol import (
+    PROTOCOL_VERSION,
+    Error,
+    Events,
+    Goodbye,
+    Hello,
+    Ping,
+    Pong,
+    Reply,
+    Request,
+    Sessions,
+    Snapshot,
+    Stats,
+    Status,
+    Subscribe,
+    encode_frame,
+    server_frame_decoder,
+)
+
+from .daemon_helpers import RawClient, running_daemon
+
+
+@pytest.fixture
+def sock_path() -> Iterator[Path]:
+    # AF_UNIX paths are short: pytest's tmp_path can be too long.
+    directory = Path(tempfile.mkdtemp(prefix="busd-", dir="/tmp"))
+    yield directory / "bus.sock"
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+async def collect(sub: ClientSubscription, count: int) -> list[Envelope[Event]]:
+    """Read until ``count`` envelopes arrived (a guard fails a hung test)."""
+    got: list[Envelope[Event]] = []
+    with trio.fail_after(20):
+        async for batch in sub:
+            got.extend(batch.events)
+            if len(got) >= count:
+                break
+    return got
+
+
+def index_of(envelope: Envelope[Event]) -> int:
+    assert isinstance(envelope.event, TextDelta)
+    return int(envelope.event.text.split()[0])
+
+
+def delta(i: int, message: str = "m1") -> TextDelta:
+    return TextDelta(message_id=message, text=f"piece {i} ")
+
+
+# -- several frontends at once ------------------------------------------------
+
+
+async def test_three_frontends_each_get_exactly_their_events_in_seq_order(
+    sock_path: Path,
+) -> None:
+    published: list[tuple[Event, str]] = []
+    for i in range(200):
+        session = "s1" if i % 3 else "s2"
+        event: Event = delta(i) if i % 5 else SessionInfo(message=f"note {i}")
+        published.append((event, session))
+    published.append((SessionIdle(), "s1"))
+    published.append((SessionIdle(), "s2"))
+
+    def expected(pattern_types: set[str] | None, session: str | None) -> list[Event]:
+        return [
+            e
+            for e, s in published
+            if (pattern_types is None or e.__struct_config__.tag in pattern_types)
+            and (session is None or s == session)
+        ]
+
+    everything = expected(None, None)
+    text_of_s1 = expected({"stream.text.delta"}, "s1")
+    lifecycle = expected({"stream.session.info", "stream.session.idle"}, None)
+
+    async with (
+        running_daemon(sock_path),
+        connect(sock_path, client="all") as a,
+        connect(sock_path, client="text-s1") as b,
+        connect(sock_path, client="lifecycle") as c,
+        connect(sock_path, client="agent", role="agent") as publisher,
+        a.subscribe(["stream.>"], window_ms=0, deltas="raw") as sa,
+        b.subscribe(["stream.text.*"], sessions=["s1"], window_ms=16, deltas="raw") as sb,
+        c.subscribe(["stream.session.>"], window_ms=50) as sc,
+    ):
+        async with trio.open_nursery() as nursery:
+            results: dict[str, list[Envelope[Event]]] = {}
+
+            async def read(name: str, sub: ClientSubscription, count: int) -> None:
+                results[name] = await collect(sub, count)
+
+            nursery.start_soon(read, "a", sa, len(everything))
+            nursery.start_soon(read, "b", sb, len(text_of_s1))
+            nursery.start_soon(read, "c", sc, len(lifecycle))
+            for event, session in published:
+                await publisher.publish(event, session_id=session)
+            await publisher.flush()
+
+    for name, want in (("a", everything), ("b", text_of_s1), ("c", lifecycle)):
+        got = results[name]
+        assert [e.event for e in got] == want, name
+        seqs = [e.seq for e in got]
+        assert seqs == sorted(set(seqs)), f"{name}: not in strict seq order"
+    assert {e.session_id for e in results["b"]} == {"s1"}
+
+
+async def test_a_frontend_that_leaves_resumes_without_a_gap(sock_path: Path) -> None:
+    async with running_daemon(sock_path), connect(sock_path, role="agent") as publisher:
+        async with connect(sock_path) as first, first.subscribe(["stream.text.>"]) as sub:
+            for i in range(50):
+                await publisher.publish(delta(i), session_id="s1")
+            await publisher.flush()
+            seen = await collect(sub, 1)
+            while "piece 49 " not in "".join(
+                e.event.text for e in seen if isinstance(e.event, TextDelta)
+            ):
+                seen += await collect(sub, 1)
+        last = seen[-1].seq
+        for i in range(50, 120):  # published while nobody listens
+            await publisher.publish(delta(i), session_id="s1")
+        await publisher.flush()
+        async with (
+            connect(sock_path) as again,
+            again.subscribe(["stream.text.>"], since_seq=last, deltas="raw") as resumed,
+        ):
+            rest = await collect(resumed, 70)
+        text = "".join(e.event.text for e in (*seen, *rest) if isinstance(e.event, TextDelta))
+        assert text == "".join(f"piece {i} " for i in range(120))
+        assert rest[0].seq == last + 1
+
+
+async def test_merged_and_raw_subscribers_agree_on_the_text(sock_path: Path) -> None:
+    async with (
+        running_daemon(sock_path),
+        connect(sock_path) as client,
+        connect(sock_path, role="agent") as publisher,
+        client.subscribe(["stream.text.delta"], window_ms=1000, deltas="merged") as merged,
+        client.subscribe(["stream.text.delta"], window_ms=0, deltas="raw") as raw,
+    ):
+        for i in range(100):
+            publisher.publish_nowait(delta(i), session_id="s1")
+        await publisher.flush()
+        raw_events = await collect(raw, 100)
+        merged_events: list[Envelope[Event]] = []
+        while sum(len(e.event.text) for e in merged_events if isinstance(e.event, TextDelta)) < (
+            sum(len(e.event.text) for e in raw_events if isinstance(e.event, TextDelta))
+        ):
+            merged_events += await collect(merged, 1)
+    assert len(merged_events) < len(raw_events) == 100
+    assert "".join(e.event.text for e in merged_events if isinstance(e.event, TextDelta)) == (
+        "".join(e.event.text for e in raw_events if isinstance(e.event, TextDelta))
+    )
+    assert merged_events[-1].seq == raw_events[-1].seq
+
+
+# -- slow consumers --------------------------------------------------------------
+
+
+async def test_a_client_that_never_reads_is_dropped_with_its_resume_seq(sock_path: Path) -> None:
+    config = DaemonConfig(outbound_cap=256 << 10)
+    text = "x" * 400
+    total = 8000  # ~3.5 MB: far past the cap and the kernel's socket buffers
+    async with running_daemon(sock_path, config) as server:
+        stalled = await RawClient.open(sock_path)
+        await stalled.send(
+            Subscribe(id=1, patterns=("stream.text.delta",), window_ms=0, deltas="raw")
+        )
+        await stalled.send(Ping(nonce=1))
+        assert isinstance(await stalled.receive(), Pong)
+        async with (
+            connect(sock_path) as bystander,
+            connect(sock_path, role="agent") as publisher,
+            bystander.subscribe(["stream.text.delta"], deltas="raw") as sub,
+        ):
+            async with trio.open_nursery() as nursery:
+                received: list[Envelope[Event]] = []
+
+                async def read() -> None:
+                    received.extend(await collect(sub, total))
+
+                nursery.start_soon(read)
+                for i in range(total):
+                    await publisher.publish(
+                        TextDelta(message_id="m", text=f"{i} {text}"), session_id="s1"
+                    )
+                await publisher.flush()  # the publisher was never blocked for good
+        assert [index_of(e) for e in received] == list(range(total))
+        assert server.daemon.counters.slow_consumer_disconnects == 1
+
+        frames = await stalled.receive_until_closed()
+        goodbye = frames[-1]
+        assert isinstance(goodbye, Goodbye)
+        assert goodbye.reason == "slow_consumer"
+        assert goodbye.resume_seq is not None
+        got = [e for f in frames if isinstance(f, Events) for e in f.events]
+        assert [index_of(e) for e in got] == list(range(len(got)))  # a prefix, no holes
+        assert len(got) < total
+        # Resuming after resume_seq loses nothing: everything up to it arrived.
+        assert goodbye.resume_seq <= got[-1].seq
+
+
+# -- bad input -------------------------------------------------------------------
+
+
+async def test_hostile_bytes_get_error_frames_and_bystanders_carry_on(sock_path: Path) -> None:
+    async with (
+        running_daemon(sock_path) as server,
+        connect(sock_path) as bystander,
+        bystander.subscribe(["stream.session.info"]) as sub,
+    ):
+        # A body that is not msgpack: non-fatal, the connection lives on.
+        garbage = await RawClient.open(sock_path)
+        await garbage.send_bytes(struct.pack(">I", 3) + b"\xc1\xc1\xc1")
+        error = await garbage.receive()
+        assert isinstance(error, Error)
+        assert (error.code, error.fatal) == ("malformed_frame", False)
+        await garbage.send(Ping(nonce=7))
+        assert await garbage.receive() == Pong(nonce=7)
+
+        # Invalid UTF-8 inside a string, and absurd nesting: non-fatal too.
+        bad_utf8 = b"\x81\xa2op\xa4pi\xffg"  # {"op": "pi\xffg"}: 0xff is never UTF-8
+        await garbage.send_bytes(struct.pack(">I", len(bad_utf8)) + bad_utf8)
+        error = await garbage.receive()
+        assert isinstance(error, Error)
+        assert error.fatal is False
+        nested = b"\x91" * 10_000 + b"\x00"
+        await garbage.send_bytes(struct.pack(">I", len(nested)) + nested)
+        error = await garbage.receive()
+        assert isinstance(error, Error)
+        assert error.fatal is False
+        await garbage.send(Ping(nonce=8))
+        assert await garbage.receive() == Pong(nonce=8)
+
+        # An oversized length prefix: fatal, refused before any body is read.
+        oversized = await RawClient.open(sock_path)
+        await oversized.send_bytes(struct.pack(">I", 64 << 20))
+        frames = await oversized.receive_until_closed()
+        assert isinstance(frames[-1], Error)
+        assert (frames[-1].code, frames[-1].fatal) == ("frame_too_large", True)
+
+        # A first frame that is not hello; a wrong protocol version.
+        rude = await RawClient.open(sock_path, hello=False)
+        await rude.send(Ping())
+        frames = await rude.receive_until_closed()
+        assert [(f.code, f.fatal) for f in frames] == [("bad_handshake", True)]
+        old = await RawClient.open(sock_path, hello=False)
+        await old.send(Hello(protocol=PROTOCOL_VERSION + 1, client="future"))
+        frames = await old.receive_until_closed()
+        assert [(f.code, f.fatal) for f in frames] == [("version_mismatch", True)]
+
+        # A truncated frame, then the client vanishes.
+        truncated = await RawClient.open(sock_path)
+        await truncated.send_bytes(struct.pack(">I", 100) + b"\x81")
+        await truncated.aclose()
+
+        # An event the daemon derives itself may not be published by a client.
+        async with connect(sock_path, role="agent") as publisher:
+            await publisher.publish(StreamingStats(elapsed_s=1.0), session_id="s1")
+            await publisher.flush()
+            assert [e.code for e in publisher.errors] == ["invalid_event"]
+            await publisher.publish(SessionInfo(message="still here"), session_id="s1")
+            await publisher.flush()
+        [envelope] = await collect(sub, 1)
+        assert envelope.event == SessionInfo(message="still here")
+        assert server.daemon.counters.protocol_errors >= 5
+        assert server.daemon.counters.rejected_events == 1
+        await garbage.aclose()
+
+
+async def test_unknown_commands_and_sessions_get_failed_replies(sock_path: Path) -> None:
+    async with running_daemon(sock_path), connect(sock_path) as client:
+        raw = await RawClient.open(sock_path)
+        body = msgspec.msgpack.encode({"op": "request", "id": 9, "command": {"cmd": "nope"}})
+        await raw.send_bytes(struct.pack(">I", len(body)) + body)
+        reply = await raw.receive()
+        assert isinstance(reply, Reply)
+        assert (reply.id, reply.ok) == (9, False)
+        assert reply.error is not None
+        assert reply.error.code == "unknown_command"
+        await raw.aclose()
+        with pytest.raises(RequestFailed, match="unknown_session"):
+            await client.request(Snapshot(session_id="never"))
+        with pytest.raises(RequestFailed, match="unknown_session"):
+            await client.request(Stats(session_id="never"))
+
+
+async def test_bad_subscriptions_are_refused_clearly(sock_path: Path) -> None:
+    async with (
+        running_daemon(sock_path, DaemonConfig(max_subscriptions=2)),
+        connect(sock_path) as client,
+    ):
+        with pytest.raises(SubscribeFailed, match="invalid_pattern"):
+            async with client.subscribe(["stream.>.delta"]):
+                pass
+        async with client.subscribe(["a.>"]), client.subscribe(["b.>"]):
+            with pytest.raises(SubscribeFailed, match="too_many_subscriptions"):
+                async with client.subscribe(["c.>"]):
+                    pass
+
+
+async def test_connections_per_uid_are_limited(sock_path: Path) -> None:
+    async with running_daemon(sock_path, DaemonConfig(max_connections_per_uid=2)):
+        first = await RawClient.open(sock_path)
+        second = await RawClient.open(sock_path)
+        third = await RawClient.open(sock_path, hello=False)
+        frames = await third.receive_until_closed()
+        assert [(f.code, f.fatal) for f in frames] == [("too_many_connections", True)]
+        await first.aclose()
+        await second.send(Ping(nonce=3))
+        assert await second.receive() == Pong(nonce=3)
+        await second.aclose()
+
+
+# -- requests --------------------------------------------------------------------
+
+
+async def test_status_sessions_snapshot_and_stats(sock_path: Path) -> None:
+    async with (
+        running_daemon(sock_path),
+        connect(sock_path, role="agent") as publisher,
+        connect(sock_path, client="ui") as ui,
+        ui.subscribe(["stream.session.idle"]) as sub,
+    ):
+        await publisher.publish(SessionStart(model="claude-x", title="T"), session_id="s1")
+        await publisher.publish(delta(1), session_id="s1")
+        await publisher.publish(Usage(tokens=TokenUsage(output_tokens=30)), session_id="s1")
+        await publisher.publish(Usage(tokens=TokenUsage(output_tokens=30)), session_id="s1")
+        await publisher.publish(TurnEnd(finish_reason="end_turn"), session_id="s1")
+        await publisher.publish(SessionIdle(), session_id="s1")
+        await publisher.flush()
+        await collect(sub, 1)
+
+        status = await ui.request(Status())
+        assert status["clients"] == 2
+        assert status["clients_by_role"] == {"agent": 1, "frontend": 1}
+        assert status["subscriptions"] == 1
+        assert status["sessions"] == 1
+        assert status["head_seq"] >= 6
+
+        [summary] = await ui.request(Sessions())
+        assert (summary["session_id"], summary["status"], summary["model"]) == (
+            "s1",
+            "idle",
+            "claude-x",
+        )
+        snapshot = await ui.request(Snapshot(session_id="s1"))
+        assert snapshot["usage"]["output_tokens"] == 30  # cumulative: 30, never 60
+        stats = await ui.request(Stats(session_id="s1"))
+        assert stats["output_tokens"] == 30
+        daemon_stats = await ui.request(Stats())
+        assert daemon_stats["bus"]["head_seq"] == status["head_seq"] or (
+            daemon_stats["bus"]["head_seq"] > status["head_seq"]
+        )
+
+
+async def test_too_many_unread_replies_are_refused(autojump_clock: trio.abc.Clock) -> None:
+    """Over a lockstep stream, replies the client does not read pile up in the outbox."""
+    daemon = Daemon(DaemonConfig(max_requests=3))
+    server_side, client_side = trio.testing.lockstep_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(Connection(daemon, server_side, uid=0).serve)
+        await client_side.send_all(encode_frame(Hello(protocol=PROTOCOL_VERSION, client="t")))
+        decoder = server_frame_decoder(Catalog())
+        decoder.feed(await client_side.receive_some(65536))
+        assert decoder.next_frame() is not None  # welcome
+        for request_id in range(1, 9):
+            await client_side.send_all(encode_frame(Request(id=request_id, command=Status())))
+        replies: list[Reply] = []
+        while len(replies) < 8:
+            decoder.feed(await client_side.receive_some(65536))
+            replies += [f for f in decoder if isinstance(f, Reply)]
+        nursery.cancel_scope.cancel()
+    by_id = {r.id: r for r in replies}
+    refused = [i for i, r in by_id.items() if not r.ok]
+    assert refused
+    codes = {error.code for i in refused if (error := by_id[i].error) is not None}
+    assert codes == {"too_many_requests"}
+    assert by_id[1].ok
+
+
+async def test_a_client_that_never_says_hello_is_timed_out(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    daemon = Daemon(DaemonConfig(handshake_timeout=5.0))
+    server_side, client_side = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(Connection(daemon, server_side, uid=0).serve)
+        start = trio.current_time()
+        data = await client_side.receive_some(65536)
+        assert trio.current_time() - start == pytest.approx(5.0)
+    decoder = server_frame_decoder(Catalog())
+    decoder.feed(data)
+    frame = decoder.next_frame()
+    assert isinstance(frame, Error)
+    assert (frame.code, frame.fatal) == ("handshake_timeout", True)
+
+
+# -- replay ------------------------------------------------------------------------
+
+
+async def test_resume_from_evicted_history_reports_the_gap_first(sock_path: Path) -> None:
+    async with (
+        running_daemon(sock_path, DaemonConfig(replay=10)),
+        connect(sock_path, role="agent") as publisher,
+    ):
+        for i in range(30):
+            await publisher.publish(SessionInfo(message=str(i)), session_id="s1")
+        await publisher.flush()
+        async with connect(sock_path) as client:
+            async with client.subscribe(["stream.session.info"], since_seq=5) as sub:
+                batches: list[Batch] = []
+                with trio.fail_after(10):
+                    async for batch in sub:
+                        batches.append(batch)
+                        if sum(len(b.events) for b in batches) >= 10:
+                            break
+            assert batches[0].gap is not None
+            gap_from, gap_to = batches[0].gap
+            replayed = [e for b in batches for e in b.events]
+            assert gap_from == 6
+            assert gap_to == replayed[0].seq - 1
+            assert [e.seq for e in replayed] == list(range(gap_to + 1, gap_to + 11))
+            async with client.subscribe(["stream.session.info"], since_seq=27) as recent:
+                tail = await collect(recent, 3)
+            assert [e.event for e in tail] == [SessionInfo(message=str(i)) for i in (27, 28, 29)]
+
+
+# -- shutdown and reconnection --------------------------------------------------------
+
+
+async def test_shutdown_flushes_pending_batches_then_says_goodbye(sock_path: Path) -> None:
+    async with running_daemon(sock_path) as server:
+        raw = await RawClient.open(sock_path)
+        await raw.send(Subscribe(id=1, patterns=("stream.>",), window_ms=60_000))
+        await raw.send(Ping(nonce=1))
+        assert await raw.receive() == Pong(nonce=1)
+        async with connect(sock_path, role="agent") as publisher:
+            await publisher.publish(SessionInfo(message="first"), session_id="s1")
+            await publisher.flush()
+            first = await raw.receive()  # the first event after idle goes out at once
+            for i in range(5):
+                await publisher.publish(SessionInfo(message=str(i)), session_id="s1")
+            await publisher.flush()
+        await server.shutdown()
+        frames = [first, *await raw.receive_until_closed()]
+    delivered = [e.event for f in frames if isinstance(f, Events) for e in f.events]
+    assert delivered == [SessionInfo(message="first")] + [
+        SessionInfo(message=str(i)) for i in range(5)
+    ]
+    assert isinstance(frames[-1], Goodbye)
+    assert frames[-1].reason == "shutdown"
+
+
+async def test_a_reconnecting_client_resumes_after_being_dropped(sock_path: Path) -> None:
+    async with running_daemon(sock_path) as server, connect(sock_path, role="agent") as publisher:
+        async with (
+            connect(sock_path, client="ui", reconnect=True) as ui,
+            ui.subscribe(["stream.session.info"], window_ms=0) as sub,
+        ):
+            await publisher.publish(SessionInfo(message="0"), session_id="s1")
+            await publisher.flush()
+            got = await collect(sub, 1)
+            for connection in list(server._connections):
+                if connection.name == "ui":
+                    await connection.goodbye()
+            for i in range(1, 20):  # some while the client is away
+                await publisher.publish(SessionInfo(message=str(i)), session_id="s1")
+            await publisher.flush()
+            got += await collect(sub, 19)
+    assert [e.event for e in got] == [SessionInfo(message=str(i)) for i in range(20)]
+    assert [e.seq for e in got] == sorted({e.seq for e in got})
