@@ -301,3 +301,70 @@ def _connect_as_nobody(path: str) -> bytes:
     (length,) = struct.unpack(">I", data[:4])
     assert len(data) == 4 + length
     return data
+
+
+async def test_serve_tells_systemd_when_ready_and_when_stopping(sock_path: Path) -> None:
+    notify_path = sock_path.parent.parent / "notify.sock"
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    await listener.bind(str(notify_path))
+    process = await trio.lowlevel.open_process(
+        [*BUSD, "serve", "--socket", str(sock_path)],
+        env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with trio.fail_after(20):
+            ready = (await listener.recv(4096)).decode()
+            assert ready.startswith("READY=1")
+            assert f"listening on {sock_path}" in ready
+            process.send_signal(signal.SIGTERM)
+            assert (await listener.recv(4096)).decode() == "STOPPING=1"
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        listener.close()
+
+
+async def test_serve_adopts_a_socket_activated_listener(sock_path: Path) -> None:
+    sock_path.parent.mkdir(mode=0o700)
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(sock_path))
+    listening.listen()
+    fd = listening.fileno()
+    # systemd hands the socket over as fd 3 with LISTEN_PID set to the service's pid;
+    # a tiny exec wrapper does the same (exec keeps the pid).
+    wrapper = (
+        "import os, sys; os.dup2(int(sys.argv[1]), 3); "
+        "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1'); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+    )
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-c", wrapper, str(fd), *BUSD[1:], "serve", "--socket", "/nonexist/x"],
+        pass_fds=(fd,),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    listening.close()  # the daemon holds its own copy now
+    try:
+        assert process.stdout is not None
+        with trio.fail_after(20):
+            line = await read_line(process.stdout)
+        if not line:
+            assert process.stderr is not None
+            raise AssertionError(await process.stderr.receive_some(65536))
+        assert f"listening on {sock_path}" in line
+        status = await _status(sock_path)
+        assert status["clients"] == 1
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            assert await process.wait() == 0
+        assert sock_path.exists()  # systemd's socket file: not ours to remove
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        if process.stdout is not None:
+            await process.stdout.aclose()
