@@ -5,6 +5,7 @@ The public surface is re-exported here; the modules behind it are free to move.
 
 from __future__ import annotations
 
+from ._version import __version__ as __version__
 from .accounting import Accountant as Accountant
 from .accounting import AccountingService as AccountingService
 from .accounting import Derived as Derived
@@ -18,6 +19,14 @@ from .bus import Handle as Handle
 from .bus import Handler as Handler
 from .bus import HandlerError as HandlerError
 from .catalog import Catalog as Catalog
+from .client import Batch as Batch
+from .client import Client as Client
+from .client import ClientSubscription as ClientSubscription
+from .client import ConnectionLost as ConnectionLost
+from .client import DaemonNotRunning as DaemonNotRunning
+from .client import RequestFailed as RequestFailed
+from .client import SubscribeFailed as SubscribeFailed
+from .client import connect as connect
 from .coalesce import Accumulator as Accumulator
 from .coalesce import AccumulatorFull as AccumulatorFull
 from .coalesce import AccumulatorStatistics as AccumulatorStatistics
@@ -34,6 +43,12 @@ from .correlation import DuplicateRun as DuplicateRun
 from .correlation import Route as Route
 from .correlation import Run as Run
 from .correlation import UnknownRun as UnknownRun
+from .daemon import Daemon as Daemon
+from .daemon import DaemonConfig as DaemonConfig
+from .endpoint import AlreadyRunning as AlreadyRunning
+from .endpoint import Endpoint as Endpoint
+from .endpoint import EndpointError as EndpointError
+from .endpoint import resolve_socket_path as resolve_socket_path
 from .errors import BusdError as BusdError
 from .errors import CatalogConflict as CatalogConflict
 from .errors import InvalidPattern as InvalidPattern
@@ -42,6 +57,8 @@ from .estimate import estimate_json_tokens as estimate_json_tokens
 from .estimate import estimate_tokens as estimate_tokens
 from .events import *  # noqa: F403 - the catalog is public by design
 from .events import __all__ as _event_names
+from .history import History as History
+from .history import Replay as Replay
 from .humanize import format_duration as format_duration
 from .humanize import format_tokens as format_tokens
 from .humanize import status_line as status_line
@@ -57,6 +74,10 @@ from .protocol import client_frame_decoder as client_frame_decoder
 from .protocol import encode_envelope as encode_envelope
 from .protocol import encode_frame as encode_frame
 from .protocol import server_frame_decoder as server_frame_decoder
+from .server import Server as Server
+from .sessions import SessionRegistry as SessionRegistry
+from .sessions import SessionSnapshot as SessionSnapshot
+from .sessions import SessionSummary as SessionSummary
 from .stats import StatsRegistry as StatsRegistry
 from .stats import StatsRegistryStatistics as StatsRegistryStatistics
 from .stats import StreamingStatsTracker as StreamingStatsTracker
@@ -70,8 +91,6 @@ from .usage import add_usage as add_usage
 from .usage import merge_cumulative as merge_cumulative
 from .usage import normalize_usage as normalize_usage
 
-__version__ = "0.1.0"
-
 __all__ = [
     "__version__",
     "Accountant",
@@ -80,6 +99,8 @@ __all__ = [
     "AccumulatorFull",
     "AccumulatorStatistics",
     "add_usage",
+    "AlreadyRunning",
+    "Batch",
     "BatchDispatcher",
     "Bus",
     "BusdError",
@@ -87,20 +108,29 @@ __all__ = [
     "Catalog",
     "CatalogConflict",
     "chain_keyers",
+    "Client",
     "client_frame_decoder",
+    "ClientSubscription",
     "coalescing_key",
+    "connect",
+    "ConnectionLost",
     "ContextRegistry",
     "ContextRegistryStatistics",
     "ContextStatistics",
     "ContextWindow",
     "CorrelationStatistics",
     "Correlator",
+    "Daemon",
+    "DaemonConfig",
+    "DaemonNotRunning",
     "Derived",
     "DispatcherStatistics",
     "DuplicateRun",
     "encode_envelope",
     "encode_frame",
     "Encoder",
+    "Endpoint",
+    "EndpointError",
     "estimate_json_tokens",
     "estimate_tokens",
     "format_duration",
@@ -109,6 +139,7 @@ __all__ = [
     "Handle",
     "Handler",
     "HandlerError",
+    "History",
     "InvalidPattern",
     "Keyer",
     "merge_cumulative",
@@ -117,15 +148,23 @@ __all__ = [
     "Pattern",
     "PROTOCOL_VERSION",
     "ProtocolError",
+    "Replay",
+    "RequestFailed",
+    "resolve_socket_path",
     "Route",
     "Run",
+    "Server",
     "server_frame_decoder",
     "ServerFrameDecoder",
     "ServerHandshake",
+    "SessionRegistry",
+    "SessionSnapshot",
+    "SessionSummary",
     "StatsRegistry",
     "StatsRegistryStatistics",
     "status_line",
     "StreamingStatsTracker",
+    "SubscribeFailed",
     "SubscriberOverflowed",
     "summary_line",
     "ToolTracker",

@@ -16,7 +16,7 @@ import click
 import msgspec
 import trio
 
-from . import __version__
+from ._version import __version__
 from .catalog import Catalog
 from .catalogdoc import render_markdown
 from .client import ConnectionLost, DaemonNotRunning

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import msgspec
 import trio
 
-from . import __version__
+from ._version import __version__
 from .catalog import Catalog
 from .endpoint import resolve_socket_path
 from .errors import BusdError

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import trio
 
-from . import __version__
+from ._version import __version__
 from .batching import BatchDispatcher
 from .daemon import Daemon, PublishRejected, Subscription
 from .errors import InvalidPattern

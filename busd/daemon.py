@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import trio
 
-from . import __version__
+from ._version import __version__
 from .accounting import Accountant, AccountingService
 from .batching import BatchDispatcher
 from .bus import Bus
