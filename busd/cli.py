@@ -26,7 +26,8 @@ from .endpoint import AlreadyRunning, EndpointError, resolve_socket_path
 from .errors import BusdError
 from .events import Envelope, Event, event_type
 from .patterns import Pattern, is_pattern
-from .protocol import Status
+from .plugins import PluginManager
+from .protocol import Ingest, Status
 from .server import serve as serve_forever
 
 
@@ -201,8 +202,10 @@ def serve(
     def ready(where: str) -> None:
         click.echo(f"busd {__version__}: listening on {where}")
 
+    plugins = PluginManager()
+    plugins.load_entry_points()
     try:
-        trio.run(partial(serve_forever, path, Daemon(config), on_ready=ready))
+        trio.run(partial(serve_forever, path, Daemon(config, plugins=plugins), on_ready=ready))
     except AlreadyRunning as exc:
         _fail(str(exc))
     except EndpointError as exc:
@@ -379,6 +382,101 @@ def status(socket_path: Path | None, as_json: bool) -> None:
         else:
             for key, value in result.items():
                 click.echo(f"{key + ':':<28} {value}")
+        return 0
+
+    _run_client(run)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="As JSON.")
+def plugins(as_json: bool) -> None:
+    """List the plugins busd loads (entry-point group `busd`), their hooks and adapters."""
+    manager = PluginManager()
+    manager.load_entry_points()
+    infos = manager.plugins()
+    adapters = manager.adapters()
+    if as_json:
+        click.echo(
+            msgspec.json.encode(
+                {
+                    "plugins": infos,
+                    "adapters": sorted(adapters),
+                    "failures": manager.failures,
+                    "autoload_disabled": manager.autoload_disabled,
+                    "blocked": sorted(manager.blocked),
+                }
+            )
+        )
+        return
+    if manager.autoload_disabled:
+        click.echo("plugin autoload is disabled (BUSD_DISABLE_PLUGIN_AUTOLOAD)")
+    for info in infos:
+        dist = f"{info.distribution} {info.version}" if info.distribution else info.module
+        click.echo(f"{info.name:<16} {dist:<28} {', '.join(info.hooks)}")
+    if adapters:
+        click.echo(f"adapters: {', '.join(sorted(adapters))}")
+    for failure in manager.failures:
+        click.echo(f"FAILED {failure.plugin}: {failure.hook}: {failure.error}", err=True)
+
+
+_INGEST_CHUNK = 256 << 10  # raw bytes per ingest frame, well under the frame cap
+
+
+@main.command()
+@socket_option
+@click.option("--sdk", required=True, help="The adapter to translate with (see `busd plugins`).")
+@click.argument("source", type=click.File("rb"), default="-")
+@click.option("--session", default=None, help="Session id for SDKs whose events carry none.")
+@click.option("--follow", is_flag=True, help="Keep reading as the file grows (like tail -f).")
+def ingest(
+    socket_path: Path | None, sdk: str, source: Any, session: str | None, follow: bool
+) -> None:
+    """Feed raw SDK events (JSON Lines, from SOURCE or stdin) through an adapter in the daemon."""
+    path = _socket(socket_path)
+    decoder = msgspec.json.Decoder()
+
+    async def run() -> int:
+        sent = malformed = 0
+        async with busd_connect(path, client="busd-ingest", role="agent") as client:
+            status = await client.request(Status())
+            if sdk not in status["adapters"]:
+                loaded = ", ".join(status["adapters"]) or "none"
+                _fail(f"the daemon has no adapter {sdk!r} (loaded: {loaded})", 2)
+            batch: list[Any] = []
+            size = 0
+            line_number = 0
+            while True:
+                line = await trio.to_thread.run_sync(source.readline)
+                if not line:
+                    if not follow:
+                        break
+                    if batch:  # nothing new yet: send what we have, then wait
+                        await client.send_frame(Ingest(sdk=sdk, events=batch, session_id=session))
+                        sent += len(batch)
+                        batch, size = [], 0
+                    await trio.sleep(0.2)
+                    continue
+                line_number += 1
+                if not line.strip():
+                    continue
+                try:
+                    batch.append(decoder.decode(line))
+                except msgspec.DecodeError as exc:
+                    malformed += 1
+                    click.echo(f"busd: line {line_number}: not JSON ({exc}); skipped", err=True)
+                    continue
+                size += len(line)
+                if size >= _INGEST_CHUNK:
+                    await client.send_frame(Ingest(sdk=sdk, events=batch, session_id=session))
+                    sent += len(batch)
+                    batch, size = [], 0
+            await client.send_frame(Ingest(sdk=sdk, events=batch, session_id=session, end=True))
+            sent += len(batch)
+            await client.flush()
+            for error in client.errors:
+                _fail(f"the daemon refused the stream: {error.code}: {error.message}")
+        skipped = f", {malformed} malformed line(s) skipped" if malformed else ""
+        click.echo(f"busd: ingested {sent} {sdk} event(s){skipped}", err=True)
         return 0
 
     _run_client(run)

@@ -433,6 +433,11 @@ class Client:
             await trio.lowlevel.checkpoint()
             return
 
+    async def send_frame(self, frame: Frame) -> None:
+        """Queue any client frame (after the publishes queued before it)."""
+        self._push(frame)
+        await trio.lowlevel.checkpoint()
+
     async def flush(self) -> None:
         """Return once everything queued was written and the daemon has processed it."""
         await self.ping()

@@ -20,6 +20,7 @@ import msgspec
 import trio
 
 from ._version import __version__
+from .adapters import Translator
 from .batching import BatchDispatcher
 from .daemon import Daemon, PublishRejected, Subscription
 from .errors import InvalidPattern
@@ -127,6 +128,7 @@ class Connection:
         self._out_ready = trio.Event()
         self._closing = False
         self._subs: dict[int, Subscription] = {}
+        self._translators: dict[tuple[str, str | None], Translator] = {}
         self._reader_scope = trio.CancelScope()
         self._writer_done = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -148,6 +150,7 @@ class Connection:
                         await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            self._finish_translators()
             for sub in self._subs.values():
                 self.daemon.remove_subscription(sub)
             self._subs.clear()
@@ -282,14 +285,41 @@ class Connection:
             else:
                 self._drop(sub)
         elif isinstance(frame, Ingest):
-            self._queue(
-                Error(
-                    code=UNKNOWN_SDK,
-                    message=f"no adapter for sdk {frame.sdk!r} is loaded",
-                )
-            )
+            self._ingest(frame)
         elif isinstance(frame, Hello):
             self._queue(Error(code=BAD_HANDSHAKE, message="hello was already received"))
+
+    # -- ingest ------------------------------------------------------------------
+
+    def _ingest(self, frame: Ingest) -> None:
+        key = (frame.sdk, frame.session_id)
+        translator = self._translators.get(key)
+        if translator is None:
+            adapter = self.daemon.adapters.get(frame.sdk)
+            if adapter is None:
+                loaded = ", ".join(sorted(self.daemon.adapters)) or "none"
+                message = f"no adapter for sdk {frame.sdk!r} is loaded (loaded: {loaded})"
+                self._queue(Error(code=UNKNOWN_SDK, message=message))
+                return
+            translator = adapter.translator(session_id=frame.session_id)
+            self._translators[key] = translator
+        now = trio.current_time()
+        source = f"{self.name}/{frame.sdk}"
+        for raw in frame.events:
+            for emitted in translator.feed(raw, now):
+                self.daemon.publish_emitted(emitted, source=source)
+        if frame.end:
+            del self._translators[key]
+            for emitted in translator.finish(now):
+                self.daemon.publish_emitted(emitted, source=source)
+
+    def _finish_translators(self) -> None:
+        """A connection that ends mid-stream still gets its streams finished."""
+        now = trio.current_time()
+        for (sdk, _), translator in self._translators.items():
+            for emitted in translator.finish(now):
+                self.daemon.publish_emitted(emitted, source=f"{self.name}/{sdk}")
+        self._translators.clear()
 
     # -- subscriptions -----------------------------------------------------------
 
@@ -312,7 +342,10 @@ class Connection:
             self._queue_events(sub_id, [self.daemon.raw(e) for e in batch], batch[0].seq)
 
         dispatcher = BatchDispatcher(
-            send, window=frame.window_ms / 1000, merge_deltas=frame.deltas == "merged"
+            send,
+            window=frame.window_ms / 1000,
+            merge_deltas=frame.deltas == "merged",
+            keyer=self.daemon.keyer,
         )
         try:
             sub = Subscription(

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -25,17 +26,23 @@ import trio
 
 from ._version import __version__
 from .accounting import Accountant, AccountingService
+from .adapters import Adapter, Emitted
 from .batching import BatchDispatcher
 from .bus import Bus
 from .catalog import Catalog
+from .coalesce import Keyer, chain_keyers, coalescing_key
 from .correlation import Correlator
-from .events import Envelope, Event, StreamingStats, event_type
+from .errors import BusdError
+from .events import BUILTIN_EVENTS, Envelope, Event, InternalError, StreamingStats, event_type
 from .history import History, Replay
 from .patterns import Pattern
+from .plugins import HookFailure, PluginManager, supervise
 from .protocol import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
 from .sessions import SessionRegistry
 
 __all__ = ["Daemon", "DaemonConfig", "PublishRejected", "Subscription"]
+
+_BUILTIN = frozenset(BUILTIN_EVENTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +149,22 @@ class Daemon:
         catalog: Catalog | None = None,
         accountant: Accountant | None = None,
         socket_path: str | None = None,
+        plugins: PluginManager | None = None,
     ) -> None:
+        self._startup_failures: list[HookFailure] = []
         self.config = config if config is not None else DaemonConfig()
+        self.plugins = plugins if plugins is not None else PluginManager(environ={})
         self.catalog = catalog if catalog is not None else Catalog()
+        for cls in self.plugins.event_types():
+            try:
+                self.catalog.register(cls)
+            except BusdError as exc:
+                self._startup_failures.append(
+                    HookFailure(plugin="?", hook="busd_event_types", error=str(exc))
+                )
         self.catalog.freeze()  # decoders are built from it from now on
+        self.adapters: dict[str, Adapter] = self.plugins.adapters()
+        self.keyer: Keyer = chain_keyers(coalescing_key, self._plugin_key)
         self.bus = Bus(self.catalog)
         self.correlator = Correlator()
         self.history = History(self.config.replay)
@@ -166,11 +185,44 @@ class Daemon:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the accountant and host subscription dispatchers until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await nursery.start(self._accounting.run)
-            task_status.started()
-            await trio.sleep_forever()
+        self.plugins.on_error = self._plugin_failed
+        for failure in (*self._startup_failures, *self.plugins.failures):
+            self._plugin_failed(failure)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self._accounting.run)
+                for name, service in self.plugins.services(self):
+                    nursery.start_soon(
+                        partial(supervise, name, service, on_failure=self._service_failed)
+                    )
+                self.plugins.startup(self)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self.plugins.shutdown(self)
+
+    def _plugin_failed(self, failure: HookFailure) -> None:
+        self.publish(
+            InternalError(where=failure.hook, message=failure.error, plugin=failure.plugin),
+            source="busd.plugins",
+        )
+
+    def _service_failed(self, name: str, exc: BaseException, disabled: bool) -> None:
+        state = "disabled after repeated failures" if disabled else "restarting"
+        self.publish(
+            InternalError(
+                where=f"service {name}",
+                message=f"{type(exc).__name__}: {exc} ({state})",
+                plugin=name,
+            ),
+            source="busd.plugins",
+        )
+
+    def _plugin_key(self, envelope: Envelope[Event]) -> Hashable | None:
+        if type(envelope.event) in _BUILTIN:
+            return None
+        return self.plugins.coalescing_key(envelope)
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -206,6 +258,20 @@ class Daemon:
             source=source,
             stale=route.stale,
         )
+
+    def publish_emitted(self, emitted: Emitted, *, source: str) -> Envelope[Event] | None:
+        """An adapter's event; one of a type nobody registered becomes an internal error."""
+        try:
+            return self.publish(
+                emitted.event,
+                session_id=emitted.session_id,
+                agent_id=emitted.agent_id,
+                parent_tool_call_id=emitted.parent_tool_call_id,
+                source=source,
+            )
+        except BusdError as exc:
+            self.publish(InternalError(where=f"adapter {source}", message=str(exc)))
+            return None
 
     def publish_from_client(self, outgoing: Outgoing[Event], *, source: str) -> Envelope[Event]:
         """A client's event: daemon-derived types are refused, everything else published."""
@@ -327,6 +393,9 @@ class Daemon:
             "protocol_errors": self.counters.protocol_errors,
             "handler_errors": bus.handler_errors,
             "history": msgspec.to_builtins(self.history.statistics()),
+            "adapters": sorted(self.adapters),
+            "plugins": [info.name for info in self.plugins.plugins()],
+            "plugin_failures": len(self.plugins.failures) + len(self._startup_failures),
         }
 
     def session_stats(self, session_id: str) -> StreamingStats | None:

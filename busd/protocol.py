@@ -274,11 +274,16 @@ class Publish(Frame, Generic[EventT], frozen=True, tag="publish"):
 
 
 class Ingest(Frame, frozen=True, tag="ingest"):
-    """Raw SDK payloads (JSON-like) for the adapter registered as ``sdk``."""
+    """Raw SDK payloads (JSON-like) for the adapter registered as ``sdk``.
+
+    One translator per (connection, sdk, session_id) keeps the stream's
+    state across frames; ``end`` finishes it (so does closing the connection).
+    """
 
     sdk: str
     events: list[Any]
     session_id: str | None = None
+    end: bool = False
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="cmd", omit_defaults=True):

@@ -1,0 +1,291 @@
+"""The plugin manager: a typed facade over pluggy, with isolation.
+
+Plugins load from the ``busd`` entry-point group; the built-in adapters are
+separate distributions registered through that same group. Two environment
+switches, as pytest and tox have them: ``BUSD_DISABLE_PLUGIN_AUTOLOAD`` (any
+non-empty value) loads no entry points, and ``BUSD_BLOCK_PLUGINS=a,b`` skips
+those names.
+
+Every hook call goes through :meth:`PluginManager._call`, which calls each
+implementation on its own: one that raises is logged, counted and reported
+to ``on_error``, and the others still run; one that takes longer than
+``slow_hook`` seconds is flagged (a synchronous hook cannot be interrupted,
+so it is named and shamed). :func:`supervise` is the guard services run
+under.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pluggy
+import trio
+
+from . import hookspecs
+from .adapters import Adapter
+from .events import Envelope, Event, PermissionRequested
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "HookFailure",
+    "PluginInfo",
+    "PluginManager",
+    "supervise",
+]
+
+logger = logging.getLogger("busd.plugins")
+
+ENTRY_POINT_GROUP = "busd"
+DISABLE_AUTOLOAD = "BUSD_DISABLE_PLUGIN_AUTOLOAD"
+BLOCK = "BUSD_BLOCK_PLUGINS"
+
+
+class PluginInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``busd plugins`` shows for one plugin."""
+
+    name: str
+    version: str | None
+    distribution: str | None
+    module: str
+    hooks: list[str]
+
+
+class HookFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """A hook implementation that raised (or a plugin that failed to load)."""
+
+    plugin: str
+    hook: str
+    error: str
+
+
+ErrorListener = Callable[[HookFailure], object]
+
+
+class PluginManager:
+    """Loads plugins and calls their hooks, one implementation at a time."""
+
+    def __init__(
+        self,
+        *,
+        environ: Mapping[str, str] = os.environ,
+        slow_hook: float = 0.25,
+        on_error: ErrorListener | None = None,
+    ) -> None:
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm.add_hookspecs(hookspecs)
+        self._environ = environ
+        self.slow_hook = slow_hook
+        self.on_error = on_error
+        self.failures: list[HookFailure] = []
+        self.slow_calls: list[tuple[str, str, float]] = []
+        self._dists: dict[str, tuple[str | None, str | None]] = {}
+
+    # -- loading -------------------------------------------------------------------
+
+    @property
+    def autoload_disabled(self) -> bool:
+        return bool(self._environ.get(DISABLE_AUTOLOAD))
+
+    @property
+    def blocked(self) -> frozenset[str]:
+        return frozenset(n.strip() for n in self._environ.get(BLOCK, "").split(",") if n.strip())
+
+    def load_entry_points(self) -> None:
+        """Register every plugin of the ``busd`` group, unless switched off or blocked."""
+        if self.autoload_disabled:
+            logger.info("%s is set: no plugins loaded from entry points", DISABLE_AUTOLOAD)
+            return
+        blocked = self.blocked
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            name = entry_point.name
+            if name in blocked:
+                logger.info("plugin %r blocked by %s", name, BLOCK)
+                continue
+            if self._pm.has_plugin(name):
+                continue
+            try:
+                plugin = entry_point.load()
+                self._pm.register(plugin, name=name)
+            except Exception as exc:
+                self._failed(name, "<load>", exc)
+                continue
+            dist = entry_point.dist
+            self._dists[name] = (
+                dist.metadata["Name"] if dist is not None else None,
+                dist.version if dist is not None else None,
+            )
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register a plugin object or module directly (tests, embedding)."""
+        registered = self._pm.register(plugin, name=name)
+        if registered is None:
+            raise ValueError(f"plugin {name!r} is blocked or already registered")
+        return registered
+
+    def unregister(self, name: str) -> None:
+        self._pm.unregister(name=name)
+
+    def plugins(self) -> list[PluginInfo]:
+        infos = []
+        for name, plugin in self._pm.list_name_plugin():
+            if plugin is None:
+                continue
+            hooks = sorted(caller.name for caller in self._pm.get_hookcallers(plugin) or ())
+            distribution, version = self._dists.get(name, (None, None))
+            infos.append(
+                PluginInfo(
+                    name=name,
+                    version=version,
+                    distribution=distribution,
+                    module=getattr(plugin, "__name__", type(plugin).__qualname__),
+                    hooks=hooks,
+                )
+            )
+        return sorted(infos, key=lambda info: info.name)
+
+    # -- the typed facade ---------------------------------------------------------
+
+    def event_types(self) -> list[type[Event]]:
+        types: list[type[Event]] = []
+        for _, result in self._call("busd_event_types"):
+            types.extend(result or ())
+        return types
+
+    def adapters(self) -> dict[str, Adapter]:
+        found: dict[str, Adapter] = {}
+        for plugin, result in self._call("busd_adapters"):
+            for adapter in result or ():
+                if not isinstance(adapter, Adapter):
+                    self._failed(plugin, "busd_adapters", TypeError(f"{adapter!r} is no adapter"))
+                elif adapter.name in found:
+                    logger.warning(
+                        "plugin %r offers adapter %r, already provided; ignored",
+                        plugin,
+                        adapter.name,
+                    )
+                else:
+                    found[adapter.name] = adapter
+        return found
+
+    def coalescing_key(self, envelope: Envelope[Event]) -> Hashable | None:
+        for _, result in self._call("busd_coalescing_key", envelope=envelope):
+            if result is not None:
+                return result  # type: ignore[no-any-return]
+        return None
+
+    def permission_policy(
+        self, request: PermissionRequested, envelope: Envelope[Event]
+    ) -> str | None:
+        for plugin, result in self._call(
+            "busd_permission_policy", request=request, envelope=envelope
+        ):
+            if result in ("allow", "deny"):
+                return result  # type: ignore[no-any-return]
+            if result is not None:
+                self._failed(
+                    plugin,
+                    "busd_permission_policy",
+                    ValueError(f"returned {result!r}, not 'allow', 'deny' or None"),
+                )
+        return None
+
+    def services(self, daemon: Daemon) -> list[tuple[str, hookspecs.Service]]:
+        return [
+            (plugin, service)
+            for plugin, result in self._call("busd_services", daemon=daemon)
+            for service in result or ()
+        ]
+
+    def startup(self, daemon: Daemon) -> None:
+        for _ in self._call("busd_startup", daemon=daemon):
+            pass
+
+    def shutdown(self, daemon: Daemon) -> None:
+        for _ in self._call("busd_shutdown", daemon=daemon):
+            pass
+
+    # -- isolation -----------------------------------------------------------------
+
+    def _call(self, hook_name: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """Yield ``(plugin name, result)`` per implementation, in pluggy's call order."""
+        caller = getattr(self._pm.hook, hook_name)
+        for impl in reversed(caller.get_hookimpls()):
+            args = {name: kwargs[name] for name in impl.argnames}
+            started = time.perf_counter()
+            try:
+                result = impl.function(**args)
+            except Exception as exc:
+                self._failed(impl.plugin_name, hook_name, exc)
+                continue
+            finally:
+                elapsed = time.perf_counter() - started
+                if elapsed > self.slow_hook:
+                    self.slow_calls.append((impl.plugin_name, hook_name, elapsed))
+                    logger.warning(
+                        "plugin %r blocked the daemon for %.2fs in %s: hooks must be quick",
+                        impl.plugin_name,
+                        elapsed,
+                        hook_name,
+                    )
+            yield impl.plugin_name, result
+
+    def _failed(self, plugin: str, hook: str, exc: BaseException) -> None:
+        failure = HookFailure(plugin=plugin, hook=hook, error=f"{type(exc).__name__}: {exc}")
+        self.failures.append(failure)
+        logger.error("plugin %r failed in %s: %s", plugin, hook, failure.error, exc_info=exc)
+        if self.on_error is not None:
+            self.on_error(failure)
+
+
+async def supervise(
+    name: str,
+    service: hookspecs.Service,
+    *,
+    on_failure: Callable[[str, BaseException, bool], object],
+    max_failures: int = 5,
+    backoff: float = 0.5,
+    max_backoff: float = 30.0,
+) -> None:
+    """Run ``service``; restart it with exponential backoff when it raises.
+
+    After ``max_failures`` failures in a row it is disabled. ``on_failure``
+    is told each time (name, exception, disabled?). Returning normally ends
+    the service for good; cancellation propagates.
+    """
+    failures = 0
+    delay = backoff
+    while True:
+        started = trio.current_time()
+        try:
+            await service()
+        except Exception as exc:
+            # A service that ran for a while before failing starts its count afresh.
+            if trio.current_time() - started > max_backoff:
+                failures, delay = 0, backoff
+            failures += 1
+            disabled = failures >= max_failures
+            logger.error(
+                "service %s failed (%d/%d)%s",
+                name,
+                failures,
+                max_failures,
+                ": disabled" if disabled else f": restarting in {delay:.1f}s",
+                exc_info=exc,
+            )
+            on_failure(name, exc, disabled)
+            if disabled:
+                return
+            await trio.sleep(delay)
+            delay = min(delay * 2, max_backoff)
+            continue
+        logger.info("service %s finished", name)
+        return
