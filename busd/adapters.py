@@ -173,16 +173,19 @@ class Adapter(Protocol):
 def as_mapping(raw: object) -> Mapping[str, Any]:
     """A raw SDK event as a mapping: dicts as they are, SDK objects dumped.
 
-    Accepts pydantic models (``model_dump``), dataclasses, msgspec Structs and
-    mappings; raises ``TypeError`` for anything else (``feed`` counts it).
+    Accepts pydantic models (``model_dump``), objects with ``to_dict()``,
+    dataclasses, msgspec Structs and mappings; raises ``TypeError`` for anything else (``feed`` counts it).
     """
     if isinstance(raw, Mapping):
         return raw
-    dump = getattr(raw, "model_dump", None)
-    if callable(dump):
-        result = dump()
-        if isinstance(result, Mapping):
-            return result
+    # The SDK's own wire form first: pydantic's model_dump, or the to_dict() of
+    # generated dataclasses (whose class-level discriminators asdict() drops).
+    for method in ("model_dump", "to_dict"):
+        dump = getattr(raw, method, None)
+        if callable(dump):
+            result = dump()
+            if isinstance(result, Mapping):
+                return result
     if dataclasses.is_dataclass(raw) and not isinstance(raw, type):
         return dataclasses.asdict(raw)
     if isinstance(raw, msgspec.Struct):

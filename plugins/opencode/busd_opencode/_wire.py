@@ -1,0 +1,157 @@
+"""What OpenCode's ``/event`` payloads say, read without trusting them.
+
+The vocabularies (finish reasons, permission replies, kinds worth no event)
+and small readers that return ``None`` or an empty value instead of raising,
+whatever a field holds. Ids are read under both spellings: the wire's
+(``sessionID``) and the ``opencode-ai`` SDK models' Python names
+(``session_id``), which is what ``model_dump()`` of an SDK event gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final, Literal
+
+from busd.events import PermissionOption
+
+EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+
+FINISH: Final = {
+    "stop": "end_turn",
+    "end_turn": "end_turn",
+    "tool-calls": "tool_use",
+    "tool_calls": "tool_use",
+    "tool_use": "tool_use",
+    "length": "max_tokens",
+    "max_tokens": "max_tokens",
+    "content-filter": "refusal",
+    "content_filter": "refusal",
+    "refusal": "refusal",
+    "stop_sequence": "stop_sequence",
+    "error": "error",
+    "aborted": "cancelled",
+    "cancelled": "cancelled",
+}
+"""OpenCode's (AI SDK's) finish reasons onto the catalog's; others are kept as they are."""
+
+MESSAGE_ERRORS: Final = {
+    "MessageAbortedError": "cancelled",
+    "MessageOutputLengthError": "max_tokens",
+}
+"""``info.error.name`` on an assistant message onto a finish reason (otherwise ``error``)."""
+
+OPTIONS: Final = [
+    PermissionOption(id="once", label="Allow once", kind="allow_once"),
+    PermissionOption(id="always", label="Always allow", kind="allow_always"),
+    PermissionOption(id="reject", label="Reject", kind="reject_once"),
+]
+"""The answers OpenCode accepts for every permission request."""
+
+REPLIES: Final[dict[str, Literal["allowed", "denied"]]] = {
+    "once": "allowed",
+    "always": "allowed",
+    "reject": "denied",
+}
+
+QUIET_KINDS: Final = frozenset(
+    {
+        "server.connected",
+        "server.heartbeat",
+        "server.instance.disposed",
+        "installation.updated",
+        "installation.update-available",
+        "lsp.client.diagnostics",
+        "lsp.updated",
+        "message.removed",
+        "message.part.removed",
+        "session.deleted",
+        "session.diff",
+        "file.edited",
+        "file.watcher.updated",
+        "storage.write",
+        "ide.installed",
+        "todo.updated",
+        "command.executed",
+        "project.updated",
+        "vcs.branch.updated",
+        "mcp.tools.changed",
+        "pty.created",
+        "pty.updated",
+        "pty.exited",
+        "pty.deleted",
+        "tui.prompt.append",
+        "tui.command.execute",
+        "tui.toast.show",
+    }
+)
+"""Kinds OpenCode sends that say nothing the catalog carries: skipped without a warning."""
+
+QUIET_PARTS: Final = frozenset(
+    {"file", "snapshot", "patch", "agent", "subtask", "compaction", "retry"}
+)
+"""Part types with nothing for the catalog (attachments, snapshots, markers)."""
+
+
+# -- reading untrusted payloads ---------------------------------------------------
+
+
+def mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else EMPTY
+
+
+def ident(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def field(obj: Mapping[str, Any], wire: str, python: str) -> Any:
+    """``obj[wire]``, else the SDK model's Python name for it (``sessionID`` → ``session_id``)."""
+    value = obj.get(wire)
+    return obj.get(python) if value is None else value
+
+
+def session_of(*objs: Mapping[str, Any]) -> str | None:
+    for obj in objs:
+        sid = ident(field(obj, "sessionID", "session_id"))
+        if sid is not None:
+            return sid
+    return None
+
+
+def number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def span(time: Mapping[str, Any]) -> float | None:
+    """Seconds between OpenCode's ``time.start`` and ``time.end`` (epoch milliseconds)."""
+    start, end = number(time.get("start")), number(time.get("end"))
+    if start is None or end is None or end < start:
+        return None
+    return (end - start) / 1000.0
+
+
+def strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def signature(part: Mapping[str, Any]) -> str | None:
+    """A reasoning part's signature, kept under its provider's name in ``metadata``."""
+    metadata = mapping(part.get("metadata"))
+    sig = ident(metadata.get("signature"))
+    if sig is not None:
+        return sig
+    for value in metadata.values():
+        sig = ident(mapping(value).get("signature"))
+        if sig is not None:
+            return sig
+    return None
+
+
+def finish_reason(reason: str) -> str:
+    return FINISH.get(reason, reason)
