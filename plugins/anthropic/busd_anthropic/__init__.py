@@ -1,0 +1,23 @@
+"""busd adapter for the Anthropic Messages API stream (entry point ``anthropic``).
+
+:mod:`busd_anthropic.stream` holds the message-stream state machine other
+adapters built on Anthropic streams (Claude Code) reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from busd.adapters import Adapter
+from busd.hookspecs import hookimpl
+
+from .stream import MessageStream as MessageStream
+from .translator import AnthropicAdapter as AnthropicAdapter
+from .translator import AnthropicTranslator as AnthropicTranslator
+
+__all__ = ["AnthropicAdapter", "AnthropicTranslator", "MessageStream", "busd_adapters"]
+
+
+@hookimpl
+def busd_adapters() -> Sequence[Adapter]:
+    return [AnthropicAdapter()]
