@@ -9,6 +9,11 @@ from ._version import __version__ as __version__
 from .accounting import Accountant as Accountant
 from .accounting import AccountingService as AccountingService
 from .accounting import Derived as Derived
+from .adapters import Adapter as Adapter
+from .adapters import Emitted as Emitted
+from .adapters import Translator as Translator
+from .adapters import TranslatorStatistics as TranslatorStatistics
+from .adapters import as_mapping as as_mapping
 from .batching import BatchDispatcher as BatchDispatcher
 from .batching import DispatcherStatistics as DispatcherStatistics
 from .batching import Overflow as Overflow
@@ -59,11 +64,17 @@ from .events import *  # noqa: F403 - the catalog is public by design
 from .events import __all__ as _event_names
 from .history import History as History
 from .history import Replay as Replay
+from .hookspecs import Service as Service
+from .hookspecs import hookimpl as hookimpl
 from .humanize import format_duration as format_duration
 from .humanize import format_tokens as format_tokens
 from .humanize import status_line as status_line
 from .humanize import summary_line as summary_line
 from .patterns import Pattern as Pattern
+from .plugins import HookFailure as HookFailure
+from .plugins import PluginInfo as PluginInfo
+from .plugins import PluginManager as PluginManager
+from .plugins import supervise as supervise
 from .protocol import PROTOCOL_VERSION as PROTOCOL_VERSION
 from .protocol import Encoder as Encoder
 from .protocol import FrameDecoder as FrameDecoder
@@ -98,8 +109,10 @@ __all__ = [
     "Accumulator",
     "AccumulatorFull",
     "AccumulatorStatistics",
+    "Adapter",
     "add_usage",
     "AlreadyRunning",
+    "as_mapping",
     "Batch",
     "BatchDispatcher",
     "Bus",
@@ -126,6 +139,7 @@ __all__ = [
     "Derived",
     "DispatcherStatistics",
     "DuplicateRun",
+    "Emitted",
     "encode_envelope",
     "encode_frame",
     "Encoder",
@@ -140,12 +154,16 @@ __all__ = [
     "Handler",
     "HandlerError",
     "History",
+    "HookFailure",
+    "hookimpl",
     "InvalidPattern",
     "Keyer",
     "merge_cumulative",
     "normalize_usage",
     "Overflow",
     "Pattern",
+    "PluginInfo",
+    "PluginManager",
     "PROTOCOL_VERSION",
     "ProtocolError",
     "Replay",
@@ -157,6 +175,7 @@ __all__ = [
     "server_frame_decoder",
     "ServerFrameDecoder",
     "ServerHandshake",
+    "Service",
     "SessionRegistry",
     "SessionSnapshot",
     "SessionSummary",
@@ -167,9 +186,12 @@ __all__ = [
     "SubscribeFailed",
     "SubscriberOverflowed",
     "summary_line",
+    "supervise",
     "ToolTracker",
     "ToolTrackerStatistics",
     "TrackerStatistics",
+    "Translator",
+    "TranslatorStatistics",
     "UnknownEventType",
     "UnknownProvider",
     "UnknownRun",

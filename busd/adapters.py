@@ -174,7 +174,8 @@ def as_mapping(raw: object) -> Mapping[str, Any]:
     """A raw SDK event as a mapping: dicts as they are, SDK objects dumped.
 
     Accepts pydantic models (``model_dump``), objects with ``to_dict()``,
-    dataclasses, msgspec Structs and mappings; raises ``TypeError`` for anything else (``feed`` counts it).
+    dataclasses, msgspec Structs and mappings; raises ``TypeError`` for
+    anything else (``feed`` counts it).
     """
     if isinstance(raw, Mapping):
         return raw

@@ -132,6 +132,7 @@ class Connection:
         self._reader_scope = trio.CancelScope()
         self._writer_done = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self._pending_goodbye: str | None = None
 
     # -- life --------------------------------------------------------------------
 
@@ -143,6 +144,10 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
+                if self._pending_goodbye is not None:  # the daemon began stopping meanwhile
+                    self._close_with(
+                        Goodbye(reason=self._pending_goodbye, resume_seq=self.daemon.bus.head_seq)
+                    )
                 with self._reader_scope:
                     await self._reader()
                 if self._closing:  # let the last frames (goodbye, error) go out
@@ -159,8 +164,14 @@ class Connection:
                 await close_gracefully(self.stream)
 
     async def goodbye(self, reason: str = SHUTDOWN, *, deadline: float | None = None) -> None:
-        """Flush every subscription, say goodbye with the resume seq, and close."""
-        if self._closing or self._nursery is None:
+        """Flush every subscription, say goodbye with the resume seq, and close.
+
+        Before the handshake is done, the goodbye follows the welcome.
+        """
+        if self._nursery is None:
+            self._pending_goodbye = reason
+            return
+        if self._closing:
             self._reader_scope.cancel()
             return
         with trio.move_on_at(deadline if deadline is not None else trio.current_time() + 1.0):

@@ -155,12 +155,12 @@ class Daemon:
         self.config = config if config is not None else DaemonConfig()
         self.plugins = plugins if plugins is not None else PluginManager(environ={})
         self.catalog = catalog if catalog is not None else Catalog()
-        for cls in self.plugins.event_types():
+        for plugin, cls in self.plugins.event_types():
             try:
                 self.catalog.register(cls)
             except BusdError as exc:
                 self._startup_failures.append(
-                    HookFailure(plugin="?", hook="busd_event_types", error=str(exc))
+                    HookFailure(plugin=plugin, hook="busd_event_types", error=str(exc))
                 )
         self.catalog.freeze()  # decoders are built from it from now on
         self.adapters: dict[str, Adapter] = self.plugins.adapters()

@@ -71,8 +71,8 @@ def busd_adapters() -> Sequence[Adapter]:
 
     An adapter has a ``name`` (what ``ingest`` frames and ``busd ingest
     --sdk`` select) and a ``translator(*, session_id=None)`` factory; see
-    ``busd.adapters``. When two plugins offer the same name, the first
-    loaded wins and the other is reported.
+    ``busd.adapters``. When two plugins offer the same name, the one
+    registered first wins and the other is reported as a plugin failure.
 
     :return: the adapters.
     """

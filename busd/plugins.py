@@ -154,27 +154,31 @@ class PluginManager:
 
     # -- the typed facade ---------------------------------------------------------
 
-    def event_types(self) -> list[type[Event]]:
-        types: list[type[Event]] = []
-        for _, result in self._call("busd_event_types"):
-            types.extend(result or ())
-        return types
+    def event_types(self) -> list[tuple[str, type[Event]]]:
+        """``(plugin name, event class)`` for every type plugins add."""
+        return [
+            (plugin, cls)
+            for plugin, result in self._call("busd_event_types")
+            for cls in result or ()
+        ]
 
     def adapters(self) -> dict[str, Adapter]:
-        found: dict[str, Adapter] = {}
-        for plugin, result in self._call("busd_adapters"):
+        """Adapters by name; when two plugins offer one name, the first registered wins."""
+        found: dict[str, tuple[str, Adapter]] = {}
+        for plugin, result in reversed(list(self._call("busd_adapters"))):  # registration order
             for adapter in result or ():
                 if not isinstance(adapter, Adapter):
                     self._failed(plugin, "busd_adapters", TypeError(f"{adapter!r} is no adapter"))
                 elif adapter.name in found:
-                    logger.warning(
-                        "plugin %r offers adapter %r, already provided; ignored",
+                    owner = found[adapter.name][0]
+                    self._failed(
                         plugin,
-                        adapter.name,
+                        "busd_adapters",
+                        ValueError(f"adapter {adapter.name!r} is already provided by {owner!r}"),
                     )
                 else:
-                    found[adapter.name] = adapter
-        return found
+                    found[adapter.name] = (plugin, adapter)
+        return {name: adapter for name, (_, adapter) in found.items()}
 
     def coalescing_key(self, envelope: Envelope[Event]) -> Hashable | None:
         for _, result in self._call("busd_coalescing_key", envelope=envelope):

@@ -501,3 +501,23 @@ async def test_a_reconnecting_client_resumes_after_being_dropped(sock_path: Path
             got += await collect(sub, 19)
     assert [e.event for e in got] == [SessionInfo(message=str(i)) for i in range(20)]
     assert [e.seq for e in got] == sorted({e.seq for e in got})
+
+
+async def test_a_client_still_saying_hello_at_shutdown_gets_welcome_then_goodbye() -> None:
+    daemon = Daemon()
+    server_side, client_side = trio.testing.memory_stream_pair()
+    connection = Connection(daemon, server_side, uid=0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection.serve)
+        await trio.testing.wait_all_tasks_blocked()
+        await connection.goodbye()  # the daemon stops before the hello arrived
+        await client_side.send_all(encode_frame(Hello(protocol=PROTOCOL_VERSION, client="late")))
+        decoder = server_frame_decoder(Catalog())
+        frames: list[object] = []
+        while data := await client_side.receive_some(65536):
+            decoder.feed(data)
+            frames += list(decoder)
+    assert [type(f).__name__ for f in frames] == ["Welcome", "Goodbye"]
+    goodbye = frames[-1]
+    assert isinstance(goodbye, Goodbye)
+    assert goodbye.reason == "shutdown"
