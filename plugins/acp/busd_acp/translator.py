@@ -1,0 +1,910 @@
+"""Agent Client Protocol (ACP) JSON-RPC, read in both directions, as catalog events.
+
+ACP is a JSON-RPC 2.0 conversation between a client (an editor) and an agent.
+The translator sees both sides of one connection, one message per ``feed``:
+the client's ``session/prompt`` opens a turn, the agent's ``session/update``
+notifications stream it, the agent's ``session/request_permission`` asks, and
+the *responses* close things: the client's answer resolves the permission,
+the agent's answer to ``session/prompt`` ends the turn. Responses carry only
+the id of their request, and each side numbers its own requests, so pending
+requests are kept in two maps, one per direction (the method says which side
+sent it); a response is matched against the other side's map, and when both
+hold its id the result's shape decides (``stopReason`` or ``outcome``), then
+the latest request.
+
+Input is a JSON-RPC message as a dict, or the ``agent-client-protocol``
+package's pydantic objects (``ClientRequest``, ``AgentNotification``,
+``ClientResponse``, ...; a bare ``SessionNotification`` or a bare update such
+as ``AgentMessageChunk`` too). Those dump their fields in snake_case, so every
+field is read under both spellings.
+
+Choices the protocol leaves open:
+
+- A turn is one ``session/prompt``; ``turn_id`` is ``f"acp-prompt-{id}"``
+  and ``stopReason`` is the finish reason as ACP says it (``max_turn_requests``
+  is kept: it is a cap on model calls, not on tokens). ``stream.session.idle``
+  follows every prompt response (``aborted`` when the turn was cancelled).
+- Text and thinking parts are identified by the chunk's ``messageId``; a part
+  ends at the next chunk of another kind or id, a new tool call, a user
+  message chunk, or the end of the turn. A message id that comes back after
+  its part ended gets a ``:n`` suffix, so each part completes exactly once.
+- Tools are named by their ``title`` (what ACP shows people, and what the
+  permission request names); the ``kind`` becomes the permission's
+  ``category``. ``stream.tool.start`` waits until the input is known: a
+  non-empty ``rawInput``, a permission request for the call, or a status past
+  ``pending``. ``duration_s`` is measured from ``in_progress``, so time spent
+  waiting for a permission is not counted. ``failed`` is ``status="error"``,
+  also in a cancelled turn; a tool still open when its turn ends is
+  ``cancelled``.
+- ``plan`` (and ``plan_update``/``plan_removed``) becomes
+  ``stream.session.info`` with a checklist; ``current_mode_update`` too.
+  ``available_commands_update`` and ``config_option_update`` emit nothing.
+- ``usage_update`` is context-window state: ``stream.session.context``. Its
+  cost is the session's cumulative cost; ACP's stable protocol reports no
+  token counts, so ``stream.usage`` is emitted only when a prompt response
+  carries the (unstable) ``usage`` object, with that cost attached.
+- Permission request ids are ``f"acp-{id}"`` of the agent's JSON-RPC id. An
+  answer is ``allowed`` or ``denied`` by the selected option's kind,
+  ``cancelled`` for ACP's cancelled outcome or an error response; a request
+  still unanswered when its turn ends is resolved ``cancelled``.
+- Duplicates: a request whose id is still pending on its side, an answer to
+  an id already answered, and a tool update after the call ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal, TypeGuard
+
+import msgspec
+
+from busd.adapters import Emitted, Translator, as_mapping
+from busd.events import (
+    PermissionOption,
+    PermissionRequested,
+    PermissionResolved,
+    SessionContext,
+    SessionError,
+    SessionIdle,
+    SessionInfo,
+    SessionStart,
+    SessionTitleChanged,
+    TextComplete,
+    TextDelta,
+    ThinkingComplete,
+    ThinkingDelta,
+    TokenUsage,
+    ToolComplete,
+    ToolPartialResult,
+    ToolStart,
+    TurnEnd,
+    TurnStart,
+    Usage,
+)
+from busd.usage import UsageLedger, normalize_usage
+
+__all__ = ["AcpTranslator"]
+
+_EMPTY: Final[Mapping[str, Any]] = {}
+
+AGENT_METHODS: Final = frozenset(
+    {
+        "session/update",
+        "session/request_permission",
+        "fs/read_text_file",
+        "fs/write_text_file",
+        "terminal/create",
+        "terminal/output",
+        "terminal/release",
+        "terminal/wait_for_exit",
+        "terminal/kill",
+        "mcp/connect",
+        "mcp/disconnect",
+        "elicitation/create",
+        "elicitation/complete",
+    }
+)
+"""Methods the agent calls (the client implements them); everything else is the client's."""
+
+CLIENT_METHODS: Final = frozenset(
+    {
+        "initialize",
+        "authenticate",
+        "logout",
+        "session/new",
+        "session/load",
+        "session/resume",
+        "session/fork",
+        "session/list",
+        "session/delete",
+        "session/close",
+        "session/prompt",
+        "session/cancel",
+        "session/set_mode",
+        "session/set_model",
+        "session/set_config_option",
+        "mcp/message",
+        "$/cancel_request",
+    }
+)
+_CLIENT_PREFIXES: Final = ("providers/", "nes/", "document/", "_", "$/")
+"""Known method families that say nothing a frontend shows (``_``: ACP's extension prefix)."""
+
+_SESSION_OPENERS: Final = frozenset(
+    {"session/new", "session/load", "session/resume", "session/fork"}
+)
+_FATAL_ERRORS: Final = _SESSION_OPENERS | {"initialize", "authenticate", "session/prompt"}
+"""Requests whose error is a ``stream.session.error`` (others, like a missing file, are routine)."""
+
+_PLAN_MARKS: Final = {"completed": "[x]", "in_progress": "[>]"}
+_REMEMBERED: Final = 256
+"""Finished tool calls (per session) and answered request ids remembered, to spot repeats."""
+
+OptionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always", "other"]
+_OPTION_KINDS: Final[dict[str, OptionKind]] = {
+    "allow_once": "allow_once",
+    "allow_always": "allow_always",
+    "reject_once": "reject_once",
+    "reject_always": "reject_always",
+}
+JsonRpcId = int | str
+
+
+# -- reading messages whose fields come camelCase (wire) or snake_case (SDK dumps) ----------
+
+
+def _get(m: Mapping[str, Any], camel: str, snake: str) -> Any:
+    value = m.get(camel)
+    return m.get(snake) if value is None else value
+
+
+def _map(obj: object) -> Mapping[str, Any] | None:
+    """A nested value as a mapping (dicts as they are, SDK objects dumped), else ``None``."""
+    if isinstance(obj, Mapping):
+        return obj
+    if obj is None or isinstance(obj, str | bytes | int | float | list | tuple):
+        return None
+    try:
+        return as_mapping(obj)
+    except TypeError:
+        return None
+
+
+def _is_id(value: object) -> TypeGuard[JsonRpcId]:
+    return isinstance(value, int | str) and not isinstance(value, bool)
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _input(raw: object) -> dict[str, Any]:
+    """A tool's ``rawInput`` as a JSON object: mappings as they are, anything else wrapped."""
+    if raw is None:
+        return {}
+    m = _map(raw)
+    if m is not None:
+        return dict(m)
+    return {"input": raw}
+
+
+def _json(value: object) -> str:
+    try:
+        return msgspec.json.encode(value).decode()
+    except (TypeError, msgspec.EncodeError):
+        return str(value)
+
+
+def _tool_output(content: object, raw_output: object) -> str | None:
+    """What a tool produced, for people: its text content, else ``rawOutput``, else its diffs."""
+    texts: list[str] = []
+    edits: list[str] = []
+    if isinstance(content, list):
+        for item in content:
+            m = _map(item)
+            if m is None:
+                continue
+            kind = m.get("type")
+            if kind == "content":
+                block = _map(m.get("content"))
+                if block is not None and block.get("type") == "text":
+                    text = block.get("text")
+                    if isinstance(text, str):
+                        texts.append(text)
+            elif kind == "diff":
+                path = _str(m.get("path"))
+                if path is not None:
+                    old = _get(m, "oldText", "old_text")
+                    edits.append(f"{'Created' if old is None else 'Edited'} {path}")
+    if texts:
+        return "\n".join(texts)
+    if raw_output is not None:
+        if isinstance(raw_output, str):
+            return raw_output
+        m = _map(raw_output)
+        if m is not None and isinstance(m.get("output"), str):
+            return str(m["output"])
+        return _json(raw_output if m is None else dict(m))
+    if edits:
+        return "\n".join(edits)
+    return None
+
+
+def _plan_summary(entries: object) -> str:
+    """A plan as a checklist: ``Plan (1/2 done)`` then ``[x]``, ``[>]`` or ``[ ]`` per entry."""
+    lines: list[str] = []
+    done = 0
+    if isinstance(entries, list):
+        for entry in entries:
+            m = _map(entry)
+            if m is None:
+                continue
+            status = m.get("status")
+            done += status == "completed"
+            mark = _PLAN_MARKS.get(status, "[ ]") if isinstance(status, str) else "[ ]"
+            content = m.get("content")
+            lines.append(f"{mark} {content if isinstance(content, str) else ''}")
+    return "\n".join([f"Plan ({done}/{len(lines)} done)", *lines])
+
+
+# -- state -------------------------------------------------------------------
+
+
+class _Part:
+    """The text or thinking part being streamed (at most one per session)."""
+
+    __slots__ = ("chunks", "key", "kind", "part_id", "started")
+
+    def __init__(self, kind: str, key: str | None, part_id: str, started: float) -> None:
+        self.kind = kind
+        self.key = key
+        self.part_id = part_id
+        self.chunks: list[str] = []
+        self.started = started
+
+
+class _Tool:
+    __slots__ = ("call_id", "input", "kind", "last_partial", "name", "running_since", "started")
+
+    def __init__(self, call_id: str) -> None:
+        self.call_id = call_id
+        self.name: str | None = None
+        self.kind: str | None = None
+        self.input: dict[str, Any] = {}
+        self.started = False
+        self.running_since: float | None = None
+        self.last_partial: str | None = None
+
+
+class _Session:
+    __slots__ = (
+        "cost",
+        "cwd",
+        "done_tools",
+        "id",
+        "idle",
+        "model",
+        "part",
+        "parts_seen",
+        "started",
+        "tools",
+        "turn_id",
+        "unnamed_parts",
+    )
+
+    def __init__(self, session_id: str | None) -> None:
+        self.id = session_id
+        self.started = False
+        self.idle = False
+        self.model: str | None = None
+        self.cwd: str | None = None
+        self.cost: float | None = None
+        self.turn_id: str | None = None
+        self.part: _Part | None = None
+        self.parts_seen: dict[tuple[str, str], int] = {}
+        self.unnamed_parts = 0
+        self.tools: dict[str, _Tool] = {}
+        self.done_tools: dict[str, None] = {}
+
+
+class _Pending:
+    """A request still waiting for its response."""
+
+    __slots__ = (
+        "cwd",
+        "method",
+        "options",
+        "order",
+        "request_id",
+        "resolved",
+        "session",
+        "turn_id",
+    )
+
+    def __init__(self, method: str, session: str | None, order: int) -> None:
+        self.method = method
+        self.session = session
+        self.order = order
+        self.turn_id: str | None = None
+        self.request_id: str | None = None
+        self.options: dict[str, str] = {}
+        self.resolved = False
+        self.cwd: str | None = None
+
+
+# -- the translator ------------------------------------------------------------
+
+
+class AcpTranslator(Translator):
+    """One ACP connection (any number of sessions on it) as catalog events."""
+
+    def __init__(self, *, session_id: str | None = None) -> None:
+        super().__init__(session_id=session_id, adapter="acp")
+        self._sessions: dict[str | None, _Session] = {}
+        self._last: str | None = None
+        self._from_client: dict[JsonRpcId, _Pending] = {}
+        self._from_agent: dict[JsonRpcId, _Pending] = {}
+        self._answered: dict[JsonRpcId, None] = {}
+        self._order = 0
+        self._ledger = UsageLedger()
+
+    # -- dispatch ------------------------------------------------------------------
+
+    def translate(self, raw: object, now: float) -> list[Emitted]:
+        m = as_mapping(raw)
+        out: list[Emitted] = []
+        try:
+            self._dispatch(m, out, now)
+        except Exception as exc:
+            # A shape nobody foresaw. Return what was said before it: the state already
+            # reflects those events (a tool marked started must have its start emitted).
+            method = m.get("method")
+            kind = method if isinstance(method, str) else "<response>"
+            self.malformed(kind, f"{type(exc).__name__}: {exc}")
+        return out
+
+    def _dispatch(self, m: Mapping[str, Any], out: list[Emitted], now: float) -> None:
+        method = m.get("method")
+        if isinstance(method, str):
+            params = _map(m.get("params")) or _EMPTY
+            rid = m.get("id")
+            if rid is None:
+                self._notification(method, params, out, now)
+            elif _is_id(rid):
+                self._request(rid, method, params, out, now)
+            else:
+                self.malformed(method, f"id must be a number or a string, not {rid!r}")
+        elif "result" in m or "error" in m:
+            self._response(m, out, now)
+        elif "update" in m:  # a bare SessionNotification
+            self._update(m, out, now)
+        elif _get(m, "sessionUpdate", "session_update") is not None:  # a bare update
+            self._update({"update": m}, out, now)
+        else:
+            self.unknown("<not JSON-RPC>")
+
+    def _notification(
+        self, method: str, params: Mapping[str, Any], out: list[Emitted], now: float
+    ) -> None:
+        if method == "session/update":
+            self._update(params, out, now)
+        elif method in CLIENT_METHODS or method in AGENT_METHODS:
+            pass  # session/cancel: the prompt's response says how the turn ended
+        elif not method.startswith(_CLIENT_PREFIXES):
+            self.unknown(method)
+
+    def _request(
+        self,
+        rid: JsonRpcId,
+        method: str,
+        params: Mapping[str, Any],
+        out: list[Emitted],
+        now: float,
+    ) -> None:
+        from_agent = method in AGENT_METHODS
+        pending_map = self._from_agent if from_agent else self._from_client
+        if rid in pending_map:
+            self.duplicate()
+            return
+        sid = self._sid(params)
+        self._order += 1
+        entry = pending_map[rid] = _Pending(method, sid, self._order)
+        if method == "session/prompt":
+            s = self._session(sid, out)
+            self._close_part(s, out, now, stopped=False)
+            entry.turn_id = s.turn_id = f"acp-prompt-{rid}"
+            s.idle = False
+            out.append(self.emit(TurnStart(turn_id=s.turn_id), session_id=s.id))
+        elif method == "session/request_permission":
+            self._permission(rid, entry, params, out, now)
+        elif method == "session/new":
+            entry.cwd = _str(params.get("cwd"))
+        elif method in ("session/load", "session/resume"):
+            self._session(sid, out, cwd=_str(params.get("cwd")))
+        elif method == "session/set_model":
+            model = _str(_get(params, "modelId", "model_id"))
+            if model is not None:
+                self._session(sid, out).model = model
+        elif not (from_agent or method in CLIENT_METHODS or method.startswith(_CLIENT_PREFIXES)):
+            self.unknown(method)
+
+    def _response(self, m: Mapping[str, Any], out: list[Emitted], now: float) -> None:
+        rid = m.get("id")
+        result = _map(m.get("result"))
+        error = _map(m.get("error"))
+        entry, from_agent = self._match(rid, result)
+        if entry is None:
+            if _is_id(rid) and rid in self._answered:
+                self.duplicate()
+            elif result is not None and _get(result, "stopReason", "stop_reason") is not None:
+                # The prompt was sent before we were listening: still end the turn.
+                self._end_turn(self._session(self._sid(_EMPTY), out), None, result, out, now)
+            else:
+                self.unknown("response to an unseen request")
+            return
+        method = entry.method
+        if from_agent:
+            if method == "session/request_permission" and not entry.resolved:
+                self._resolved(entry, result, error, out)
+            return
+        if error is not None:
+            if method in _FATAL_ERRORS:
+                self._error(entry, error, out, now)
+            return
+        if method == "session/prompt":
+            s = self._session(entry.session, out)
+            self._end_turn(s, entry.turn_id, result or _EMPTY, out, now)
+        elif method in ("session/new", "session/fork") and result is not None:
+            sid = _str(_get(result, "sessionId", "session_id"))
+            if sid is not None:
+                self._last = sid
+                models = _map(result.get("models"))
+                model = (
+                    None if models is None else _get(models, "currentModelId", "current_model_id")
+                )
+                self._session(sid, out, cwd=entry.cwd, model=_str(model))
+        elif method in _SESSION_OPENERS:
+            s = self._session(entry.session, out)
+            self._close_part(s, out, now, stopped=False)  # the replayed history is complete
+
+    def _match(self, rid: object, result: Mapping[str, Any] | None) -> tuple[_Pending | None, bool]:
+        """The pending request ``rid`` answers, and whether the agent sent it."""
+        if not _is_id(rid):
+            return None, False
+        ours = self._from_client.get(rid)
+        theirs = self._from_agent.get(rid)
+        if ours is not None and theirs is not None:
+            if result is not None and _get(result, "stopReason", "stop_reason") is not None:
+                theirs = None
+            elif result is not None and result.get("outcome") is not None:
+                ours = None
+            elif ours.order > theirs.order:
+                theirs = None
+            else:
+                ours = None
+        if theirs is not None:
+            del self._from_agent[rid]
+            found, from_agent = theirs, True
+        elif ours is not None:
+            del self._from_client[rid]
+            found, from_agent = ours, False
+        else:
+            return None, False
+        answered = self._answered
+        answered[rid] = None
+        if len(answered) > _REMEMBERED:
+            del answered[next(iter(answered))]
+        return found, from_agent
+
+    # -- sessions ------------------------------------------------------------------
+
+    def _sid(self, params: Mapping[str, Any]) -> str | None:
+        sid = _str(_get(params, "sessionId", "session_id"))
+        if sid is not None:
+            self._last = sid
+            return sid
+        return self._last if self._last is not None else self.session_id
+
+    def _session(
+        self,
+        sid: str | None,
+        out: list[Emitted],
+        *,
+        cwd: str | None = None,
+        model: str | None = None,
+    ) -> _Session:
+        s = self._sessions.get(sid)
+        if s is None:
+            s = self._sessions[sid] = _Session(sid)
+        if model is not None:
+            s.model = model
+        if cwd is not None:
+            s.cwd = cwd
+        if not s.started:
+            s.started = True
+            out.append(self.emit(SessionStart(model=s.model, cwd=s.cwd), session_id=sid))
+        return s
+
+    # -- session/update ------------------------------------------------------------
+
+    def _update(self, params: Mapping[str, Any], out: list[Emitted], now: float) -> None:
+        update = _map(params.get("update"))
+        kind = None if update is None else _get(update, "sessionUpdate", "session_update")
+        if update is None or not isinstance(kind, str):
+            self.malformed("session/update", "no update with a sessionUpdate kind")
+            return
+        s = self._session(self._sid(params), out)
+        if kind == "agent_message_chunk":
+            self._chunk(s, "text", kind, update, out, now)
+        elif kind == "agent_thought_chunk":
+            self._chunk(s, "thinking", kind, update, out, now)
+        elif kind == "tool_call":
+            self._close_part(s, out, now, stopped=False)
+            self._tool(s, kind, update, out, now, force_start=False)
+        elif kind == "tool_call_update":
+            self._tool(s, kind, update, out, now, force_start=False)
+        elif kind == "usage_update":
+            self._usage_update(s, update, out)
+        elif kind == "plan":
+            self._info(s, _plan_summary(update.get("entries")), out)
+        elif kind == "plan_update":
+            self._plan_update(s, _map(update.get("plan")) or _EMPTY, out)
+        elif kind == "plan_removed":
+            self._info(s, "Plan removed", out)
+        elif kind == "user_message_chunk":
+            self._close_part(s, out, now, stopped=False)
+        elif kind == "current_mode_update":
+            mode = _str(_get(update, "currentModeId", "current_mode_id"))
+            if mode is not None:
+                self._info(s, f"Mode: {mode}", out)
+        elif kind == "session_info_update":
+            title = _str(update.get("title"))
+            if title is not None:
+                out.append(self.emit(SessionTitleChanged(title=title), session_id=s.id))
+        elif kind not in ("available_commands_update", "config_option_update"):
+            self.unknown(f"session/update:{kind}")
+
+    def _info(self, s: _Session, message: str, out: list[Emitted]) -> None:
+        out.append(self.emit(SessionInfo(message=message), session_id=s.id))
+
+    def _plan_update(self, s: _Session, plan: Mapping[str, Any], out: list[Emitted]) -> None:
+        kind = plan.get("type")
+        if kind == "items":
+            self._info(s, _plan_summary(plan.get("entries")), out)
+        elif kind == "markdown" and isinstance(plan.get("content"), str):
+            self._info(s, str(plan["content"]), out)
+        elif kind == "file" and isinstance(plan.get("uri"), str):
+            self._info(s, f"Plan: {plan['uri']}", out)
+        else:
+            self.malformed("session/update:plan_update", f"unknown plan type {kind!r}")
+
+    # -- text and thinking -------------------------------------------------------------
+
+    def _chunk(
+        self,
+        s: _Session,
+        kind: str,
+        update_kind: str,
+        update: Mapping[str, Any],
+        out: list[Emitted],
+        now: float,
+    ) -> None:
+        content = _map(update.get("content"))
+        if content is None:
+            self.malformed(f"session/update:{update_kind}", "no content")
+            return
+        if content.get("type") != "text":
+            return  # images, audio, resources: nothing the catalog streams
+        text = content.get("text")
+        if not isinstance(text, str):
+            self.malformed(f"session/update:{update_kind}", "text content without text")
+            return
+        key = _str(_get(update, "messageId", "message_id"))
+        part = s.part
+        if part is not None and (part.kind != kind or (key is not None and part.key != key)):
+            self._close_part(s, out, now, stopped=False)
+            part = None
+        if part is None:
+            part = s.part = _Part(kind, key, self._part_id(s, kind, key), now)
+        part.chunks.append(text)
+        delta = TextDelta if kind == "text" else ThinkingDelta
+        out.append(self.emit(delta(message_id=part.part_id, text=text), session_id=s.id))
+
+    def _part_id(self, s: _Session, kind: str, key: str | None) -> str:
+        if key is None:
+            s.unnamed_parts += 1
+            return f"{s.turn_id or s.id or 'acp'}:{kind}:{s.unnamed_parts}"
+        seen = s.parts_seen.get((kind, key), 0)
+        s.parts_seen[(kind, key)] = seen + 1
+        return key if not seen else f"{key}:{seen}"
+
+    def _close_part(self, s: _Session, out: list[Emitted], now: float, *, stopped: bool) -> None:
+        part = s.part
+        if part is None:
+            return
+        s.part = None
+        text = "".join(part.chunks)
+        if part.kind == "text":
+            event: TextComplete | ThinkingComplete = TextComplete(
+                message_id=part.part_id, text=text, stopped=stopped
+            )
+        else:
+            event = ThinkingComplete(
+                message_id=part.part_id, text=text, duration_s=now - part.started, stopped=stopped
+            )
+        out.append(self.emit(event, session_id=s.id))
+
+    # -- tools ---------------------------------------------------------------------
+
+    def _tool(
+        self,
+        s: _Session,
+        update_kind: str,
+        update: Mapping[str, Any],
+        out: list[Emitted],
+        now: float,
+        *,
+        force_start: bool,
+    ) -> _Tool | None:
+        call_id = _str(_get(update, "toolCallId", "tool_call_id"))
+        if call_id is None:
+            self.malformed(f"session/update:{update_kind}", "no toolCallId")
+            return None
+        if call_id in s.done_tools:
+            self.duplicate()  # an update repeated after the call ended
+            return None
+        tool = s.tools.get(call_id)
+        if tool is None:
+            tool = s.tools[call_id] = _Tool(call_id)
+        if not tool.started:
+            title = _str(update.get("title"))
+            if title is not None:
+                tool.name = title
+            kind = _str(update.get("kind"))
+            if kind is not None:
+                tool.kind = kind
+            raw_input = _get(update, "rawInput", "raw_input")
+            if raw_input is not None:
+                tool.input = _input(raw_input)
+        status = update.get("status")
+        if not tool.started and (
+            force_start or tool.input or status in ("in_progress", "completed", "failed")
+        ):
+            tool.started = True
+            name = tool.name or tool.kind or "tool"
+            out.append(
+                self.emit(
+                    ToolStart(tool_call_id=call_id, name=name, input=tool.input), session_id=s.id
+                )
+            )
+        if status == "in_progress" and tool.running_since is None:
+            tool.running_since = now
+        if status in ("completed", "failed"):
+            output = _tool_output(update.get("content"), _get(update, "rawOutput", "raw_output"))
+            ok = status == "completed"
+            self._tool_done(s, tool, "ok" if ok else "error", output, out, now)
+        elif tool.started:
+            output = _tool_output(update.get("content"), _get(update, "rawOutput", "raw_output"))
+            if output and output != tool.last_partial:
+                tool.last_partial = output
+                out.append(
+                    self.emit(
+                        ToolPartialResult(tool_call_id=call_id, output=output), session_id=s.id
+                    )
+                )
+        return tool
+
+    def _tool_done(
+        self,
+        s: _Session,
+        tool: _Tool,
+        status: Literal["ok", "error", "cancelled"],
+        output: str | None,
+        out: list[Emitted],
+        now: float,
+    ) -> None:
+        del s.tools[tool.call_id]
+        done = s.done_tools
+        done[tool.call_id] = None
+        if len(done) > _REMEMBERED:
+            del done[next(iter(done))]
+        duration = None if tool.running_since is None else now - tool.running_since
+        event = ToolComplete(
+            tool_call_id=tool.call_id,
+            name=tool.name or tool.kind or "tool",
+            status=status,
+            output=output if status == "ok" else None,
+            error=output if status == "error" else None,
+            duration_s=duration,
+        )
+        out.append(self.emit(event, session_id=s.id))
+
+    # -- permissions ---------------------------------------------------------------
+
+    def _permission(
+        self,
+        rid: JsonRpcId,
+        entry: _Pending,
+        params: Mapping[str, Any],
+        out: list[Emitted],
+        now: float,
+    ) -> None:
+        entry.request_id = f"acp-{rid}"
+        s = self._session(entry.session, out)
+        call = _map(_get(params, "toolCall", "tool_call")) or _EMPTY
+        call_id = _str(_get(call, "toolCallId", "tool_call_id"))
+        tool = None
+        if call_id is not None and call_id not in s.done_tools:
+            # The agent asks to run the call with this input: the tool starts now at the latest.
+            tool = self._tool(s, "tool_call_update", call, out, now, force_start=True)
+        options: list[PermissionOption] = []
+        raw_options = params.get("options")
+        for raw in raw_options if isinstance(raw_options, list) else ():
+            option = _map(raw)
+            oid = None if option is None else _str(_get(option, "optionId", "option_id"))
+            if option is None or oid is None:
+                continue
+            kind = option.get("kind")
+            known = _OPTION_KINDS.get(kind, "other") if isinstance(kind, str) else "other"
+            entry.options[oid] = known
+            label = option.get("name")
+            options.append(
+                PermissionOption(id=oid, label=label if isinstance(label, str) else "", kind=known)
+            )
+        if tool is not None:
+            name, tool_input, category = tool.name, tool.input, tool.kind
+        else:
+            name, category = _str(call.get("title")), _str(call.get("kind"))
+            tool_input = _input(_get(call, "rawInput", "raw_input"))
+        event = PermissionRequested(
+            request_id=f"acp-{rid}",
+            tool=name or category or "tool",
+            input=tool_input,
+            tool_call_id=call_id,
+            category=category,
+            options=options,
+        )
+        out.append(self.emit(event, session_id=s.id))
+
+    def _resolved(
+        self,
+        entry: _Pending,
+        result: Mapping[str, Any] | None,
+        error: Mapping[str, Any] | None,
+        out: list[Emitted],
+    ) -> None:
+        request_id = entry.request_id or ""
+        outcome = None if result is None else _map(result.get("outcome"))
+        chosen = None if outcome is None else outcome.get("outcome")
+        if chosen == "selected" and outcome is not None:
+            oid = _str(_get(outcome, "optionId", "option_id"))
+            denied = entry.options.get(oid or "", "").startswith("reject")
+            event = PermissionResolved(
+                request_id=request_id, outcome="denied" if denied else "allowed", option_id=oid
+            )
+        elif chosen == "cancelled" or error is not None:
+            reason = None if error is None else _str(error.get("message"))
+            event = PermissionResolved(request_id=request_id, outcome="cancelled", reason=reason)
+        else:
+            self.malformed("session/request_permission", f"unknown outcome {chosen!r}")
+            return
+        out.append(self.emit(event, session_id=entry.session))
+
+    # -- usage and context ---------------------------------------------------------
+
+    def _usage_update(self, s: _Session, update: Mapping[str, Any], out: list[Emitted]) -> None:
+        used = _count(update.get("used"))
+        if used is None:
+            self.malformed("session/update:usage_update", "used is not a token count")
+            return
+        window = _count(update.get("size")) or None
+        out.append(self.emit(SessionContext(used=used, window=window), session_id=s.id))
+        # normalize_usage reads ACP's {"amount", "currency"} cost, USD only.
+        cost = normalize_usage(update, provider="busd").cost_usd
+        if cost is not None and cost != s.cost:
+            s.cost = cost
+            total = self._ledger.session_total(s.id or "")
+            if total.input_tokens or total.output_tokens:
+                self._report_usage(s, total, out)
+
+    def _turn_usage(
+        self, s: _Session, turn_id: str | None, usage: Mapping[str, Any], out: list[Emitted]
+    ) -> None:
+        # ACP's unstable PromptResponse.usage: this turn's counts, cache reads and
+        # writes beside the input (Anthropic's convention, which ACP agents follow).
+        counts = {
+            "input_tokens": _get(usage, "inputTokens", "input_tokens"),
+            "output_tokens": _get(usage, "outputTokens", "output_tokens"),
+            "reasoning_tokens": _get(usage, "thoughtTokens", "thought_tokens"),
+            "cache_read_tokens": _get(usage, "cachedReadTokens", "cached_read_tokens"),
+            "cache_write_tokens": _get(usage, "cachedWriteTokens", "cached_write_tokens"),
+        }
+        tokens = normalize_usage(counts, provider="busd")
+        changed = self._ledger.record(
+            session_id=s.id or "",
+            run_id=None,
+            turn_id=turn_id or f"acp-turn-{self._order}",
+            usage=tokens,
+            cumulative=True,
+        )
+        if changed:
+            self._report_usage(s, self._ledger.session_total(s.id or ""), out)
+
+    def _report_usage(self, s: _Session, total: TokenUsage, out: list[Emitted]) -> None:
+        if s.cost is not None:
+            total = msgspec.structs.replace(total, cost_usd=s.cost)
+        out.append(self.emit(Usage(tokens=total, model=s.model), session_id=s.id))
+
+    # -- end of a turn -------------------------------------------------------------
+
+    def _end_turn(
+        self,
+        s: _Session,
+        turn_id: str | None,
+        result: Mapping[str, Any],
+        out: list[Emitted],
+        now: float,
+        *,
+        error: SessionError | None = None,
+    ) -> None:
+        reason = _get(result, "stopReason", "stop_reason")
+        finish = reason if isinstance(reason, str) else "error" if error else "end_turn"
+        if turn_id is None:
+            turn_id = s.turn_id
+        elif s.turn_id != turn_id:  # an older prompt, answered after a newer one began
+            out.append(self.emit(TurnEnd(turn_id=turn_id, finish_reason=finish), session_id=s.id))
+            return
+        cut = finish in ("cancelled", "error")
+        self._close_part(s, out, now, stopped=cut)
+        for tool in list(s.tools.values()):
+            if tool.started:
+                self._tool_done(s, tool, "cancelled", None, out, now)
+        s.tools.clear()
+        for pending in self._from_agent.values():
+            if pending.session == s.id and pending.request_id and not pending.resolved:
+                pending.resolved = True  # its late answer is consumed silently
+                event = PermissionResolved(
+                    request_id=pending.request_id, outcome="cancelled", reason="the turn ended"
+                )
+                out.append(self.emit(event, session_id=s.id))
+        usage = _map(result.get("usage"))
+        if usage is not None:
+            self._turn_usage(s, turn_id, usage, out)
+        out.append(self.emit(TurnEnd(turn_id=turn_id, finish_reason=finish), session_id=s.id))
+        if error is not None:
+            out.append(self.emit(error, session_id=s.id))
+        s.turn_id = None
+        s.idle = True
+        out.append(self.emit(SessionIdle(aborted=finish == "cancelled"), session_id=s.id))
+
+    def _error(
+        self, entry: _Pending, error: Mapping[str, Any], out: list[Emitted], now: float
+    ) -> None:
+        message = _str(error.get("message")) or f"{entry.method} failed"
+        code = error.get("code")
+        event = SessionError(
+            message=message, code=None if code is None or isinstance(code, bool) else str(code)
+        )
+        if entry.method == "session/prompt":
+            s = self._session(entry.session, out)
+            self._end_turn(s, entry.turn_id, _EMPTY, out, now, error=event)
+        else:
+            out.append(self.emit(event, session_id=entry.session))
+
+    # -- end of the stream -----------------------------------------------------------
+
+    def close(self, now: float) -> list[Emitted]:
+        out: list[Emitted] = []
+        for s in self._sessions.values():
+            in_turn = s.turn_id is not None
+            self._close_part(s, out, now, stopped=in_turn)
+            if not in_turn and not s.idle and s.started:
+                s.idle = True
+                out.append(self.emit(SessionIdle(), session_id=s.id))
+        return out
