@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 import pluggy
 
 from .adapters import Adapter
+from .drivers import Driver
 from .events import Envelope, Event, PermissionRequested
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ __all__ = [
     "Service",
     "busd_adapters",
     "busd_coalescing_key",
+    "busd_drivers",
     "busd_event_types",
     "busd_permission_policy",
     "busd_services",
@@ -75,6 +77,19 @@ def busd_adapters() -> Sequence[Adapter]:
     registered first wins and the other is reported as a plugin failure.
 
     :return: the adapters.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def busd_drivers() -> Sequence[Driver]:
+    """Drivers that run prompts with an SDK themselves (for ``start_run``).
+
+    A driver's ``name`` pairs it with the adapter of the same name, which
+    translates the raw events it feeds; see ``busd.drivers``. When two
+    plugins offer the same name, the one registered first wins.
+
+    :return: the drivers.
     """
     raise NotImplementedError
 

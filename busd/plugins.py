@@ -29,6 +29,7 @@ import trio
 
 from . import hookspecs
 from .adapters import Adapter
+from .drivers import Driver
 from .events import Envelope, Event, PermissionRequested
 
 if TYPE_CHECKING:
@@ -179,6 +180,24 @@ class PluginManager:
                 else:
                     found[adapter.name] = (plugin, adapter)
         return {name: adapter for name, (_, adapter) in found.items()}
+
+    def drivers(self) -> dict[str, Driver]:
+        """Drivers by name; when two plugins offer one name, the first registered wins."""
+        found: dict[str, tuple[str, Driver]] = {}
+        for plugin, result in reversed(list(self._call("busd_drivers"))):
+            for driver in result or ():
+                if not isinstance(driver, Driver):
+                    self._failed(plugin, "busd_drivers", TypeError(f"{driver!r} is no driver"))
+                elif driver.name in found:
+                    owner = found[driver.name][0]
+                    self._failed(
+                        plugin,
+                        "busd_drivers",
+                        ValueError(f"driver {driver.name!r} is already provided by {owner!r}"),
+                    )
+                else:
+                    found[driver.name] = (plugin, driver)
+        return {name: driver for name, (_, driver) in found.items()}
 
     def coalescing_key(self, envelope: Envelope[Event]) -> Hashable | None:
         for _, result in self._call("busd_coalescing_key", envelope=envelope):
