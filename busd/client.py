@@ -422,7 +422,12 @@ class Client:
         run_id: str | None = None,
         agent_id: str | None = None,
     ) -> None:
-        """Queue ``event`` for the next ``publish`` frame, waiting while the queue is full."""
+        """Queue ``event`` for the next ``publish`` frame, waiting while the queue is full.
+
+        Only a full queue makes it wait (and let the writer run); otherwise it
+        is a cancellation point but not a scheduling point, so a publisher in
+        a tight loop fills frames instead of paying a task switch per event.
+        """
         while True:
             try:
                 self.publish_nowait(event, session_id=session_id, run_id=run_id, agent_id=agent_id)
@@ -430,7 +435,7 @@ class Client:
                 self._room = trio.Event()
                 await self._room.wait()
                 continue
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint_if_cancelled()
             return
 
     async def send_frame(self, frame: Frame) -> None:

@@ -71,6 +71,7 @@ __all__ = ["Connection", "close_gracefully"]
 logger = logging.getLogger("busd.connection")
 
 _RECEIVE = 65_536
+_YIELD_EVERY = 64  # published events between two checkpoints of the reader
 _EVENTS_OVERHEAD = 64  # an events frame's bytes besides its envelopes
 _GOODBYE_TIMEOUT = 1.0  # how long a closing connection may take to write its last frames
 
@@ -126,6 +127,7 @@ class Connection:
         self._inflight_bytes = 0
         self._replies = 0  # replies queued or being written
         self._out_ready = trio.Event()
+        self._progress = trio.Event()  # set whenever the writer has written something
         self._closing = False
         self._subs: dict[int, Subscription] = {}
         self._translators: dict[tuple[str, str | None], Translator] = {}
@@ -187,6 +189,7 @@ class Connection:
         self._queue(frame)
         self._closing = True
         self._out_ready.set()
+        self._progress.set()
         self._reader_scope.cancel()
 
     # -- handshake ---------------------------------------------------------------
@@ -253,6 +256,9 @@ class Connection:
                 if isinstance(frame, Bye):
                     await self.goodbye(BYE)
                     return
+                if isinstance(frame, Publish):
+                    await self._publish(frame)
+                    continue
                 try:
                     self._handle(frame)
                 except Exception:
@@ -263,6 +269,21 @@ class Connection:
                 return  # the client went away
             decoder.feed(data)
 
+    async def _publish(self, frame: Publish[Event]) -> None:
+        """Sequence a publish frame's events, letting subscribers drain every so often.
+
+        One frame can carry thousands of small events; publishing them in one
+        go would land them all in every subscriber's buffer before any of them
+        gets to send.
+        """
+        for index, outgoing in enumerate(frame.events):
+            try:
+                self.daemon.publish_from_client(outgoing, source=self.name)
+            except PublishRejected as exc:
+                self._queue(Error(code=INVALID_EVENT, message=f"events[{index}]: {exc}"))
+            if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await trio.lowlevel.checkpoint()
+
     def _protocol_error(self, exc: ProtocolError) -> None:
         if exc.op == "request" and exc.ref is not None:
             error = ErrorInfo(code=exc.code, message=exc.message)
@@ -271,13 +292,7 @@ class Connection:
             self._queue(exc.to_frame())
 
     def _handle(self, frame: Any) -> None:
-        if isinstance(frame, Publish):
-            for index, outgoing in enumerate(frame.events):
-                try:
-                    self.daemon.publish_from_client(outgoing, source=self.name)
-                except PublishRejected as exc:
-                    self._queue(Error(code=INVALID_EVENT, message=f"events[{index}]: {exc}"))
-        elif isinstance(frame, Subscribe):
+        if isinstance(frame, Subscribe):
             self._subscribe(frame)
         elif isinstance(frame, Request):
             self._request(frame)
@@ -350,13 +365,15 @@ class Connection:
         sub_id = frame.id
 
         async def send(batch: list[Envelope[Event]]) -> None:
-            self._queue_events(sub_id, [self.daemon.raw(e) for e in batch], batch[0].seq)
+            raws = [self.daemon.raw(e) for e in batch]
+            await self._send_events(sub_id, raws, batch[0].seq)
 
         dispatcher = BatchDispatcher(
             send,
             window=frame.window_ms / 1000,
             merge_deltas=frame.deltas == "merged",
             keyer=self.daemon.keyer,
+            max_events=self.daemon.config.subscription_buffer,
         )
         try:
             sub = Subscription(
@@ -370,8 +387,10 @@ class Connection:
         except InvalidPattern as exc:
             self._queue(Error(code=INVALID_PATTERN, message=str(exc), ref=sub_id))
             return
+        raws: list[msgspec.Raw] = []
         if frame.since_seq is not None:
             # Synchronous from here to add_subscription: nothing is missed or doubled.
+            # Live events wait in the dispatcher until the replay is queued.
             found, raws = self.daemon.replay(sub, frame.since_seq)
             if frame.since_seq > found.head_seq:
                 message = (
@@ -381,12 +400,19 @@ class Connection:
                 self._queue(Error(code=SEQ_AHEAD, message=message, ref=sub_id))
             if found.gap is not None:
                 self._queue(Gap(sub=sub_id, from_seq=found.gap[0], to_seq=found.gap[1]))
-            if raws:
-                self._queue_events(sub_id, raws, None)
         self.daemon.add_subscription(sub)
         self._subs[sub_id] = sub
         assert self._nursery is not None
-        self._nursery.start_soon(dispatcher.run)
+        self._nursery.start_soon(self._deliver, sub, raws)
+
+    async def _deliver(self, sub: Subscription, replay: list[msgspec.Raw]) -> None:
+        """Replay first (with backpressure), then live batches until the subscription ends."""
+        if replay:
+            await self._send_events(sub.id, replay, None)
+        await sub.dispatcher.run()
+        overflow = sub.dispatcher.overflow
+        if overflow is not None and self._subs.get(sub.id) is sub:
+            self._slow_consumer(overflow.resume_seq)
 
     def _drop(self, sub: Subscription) -> None:
         self.daemon.remove_subscription(sub)
@@ -436,20 +462,33 @@ class Connection:
     def _queue(self, frame: Frame, *, reply: bool = False) -> None:
         self._push(_Out(self._encoder.encode(frame), reply=reply))
 
-    def _queue_events(self, sub_id: int, raws: list[msgspec.Raw], first_seq: int | None) -> None:
-        """Events frames for ``raws``, split to stay under the frame cap."""
+    async def _send_events(
+        self, sub_id: int, raws: list[msgspec.Raw], first_seq: int | None
+    ) -> None:
+        """Events frames for ``raws`` (split under the frame cap), waiting for outbox room.
+
+        A subscriber that reads keeps the outbox under ``outbound_cap``; one
+        that does not makes this wait, while its subscription keeps
+        coalescing, until its buffer overflows too: then it is a slow consumer.
+        """
         cap = self.daemon.config.max_frame - _EVENTS_OVERHEAD
-        chunk: list[msgspec.Raw] = []
-        size = 0
-        for raw in raws:
-            length = len(raw)
-            if chunk and size + length > cap:
-                self._push(_Out(self._encoder.encode(Events(sub=sub_id, events=chunk)), first_seq))
-                chunk, size, first_seq = [], 0, None
-            chunk.append(raw)
-            size += length
-        if chunk:
-            self._push(_Out(self._encoder.encode(Events(sub=sub_id, events=chunk)), first_seq))
+        limit = self.daemon.config.outbound_cap
+        start = 0
+        while start < len(raws) and not self._closing:
+            end, size = start, 0
+            while end < len(raws) and (end == start or size + len(raws[end]) <= cap):
+                size += len(raws[end])
+                end += 1
+            data = self._encoder.encode(Events(sub=sub_id, events=raws[start:end]))
+            while self._out_bytes + self._inflight_bytes + len(data) > limit and (
+                self._out or self._inflight
+            ):
+                self._progress = trio.Event()
+                await self._progress.wait()
+                if self._closing:
+                    return
+            self._push(_Out(data, first_seq))
+            start, first_seq = end, None
 
     def _push(self, out: _Out) -> None:
         if self._closing:
@@ -458,16 +497,18 @@ class Connection:
         self._out_bytes += len(out.data)
         if out.reply:
             self._replies += 1
-        if self._out_bytes + self._inflight_bytes > self.daemon.config.outbound_cap:
-            self._slow_consumer()
+        if self._out_bytes + self._inflight_bytes > 2 * self.daemon.config.outbound_cap:
+            self._slow_consumer()  # a client that asks and asks but never reads
         self._out_ready.set()
 
-    def _slow_consumer(self) -> None:
-        """Over the outbound cap: drop what is queued, say where to resume, close."""
+    def _slow_consumer(self, overflowed_at: int | None = None) -> None:
+        """The client cannot keep up: drop what is queued, say where to resume, close."""
         pending = [o.first_seq for o in (*self._inflight, *self._out) if o.first_seq is not None]
         pending += [
             seq for sub in self._subs.values() if (seq := sub.dispatcher.pending_seq()) is not None
         ]
+        if overflowed_at is not None:
+            pending.append(overflowed_at)
         resume = min(pending) - 1 if pending else self.daemon.bus.head_seq
         self.daemon.counters.slow_consumer_disconnects += 1
         logger.warning("%s: slow consumer, disconnected (resume after seq %d)", self.name, resume)
@@ -497,9 +538,11 @@ class Connection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     self._closing = True
                     self._reader_scope.cancel()
+                    self._progress.set()
                     return
                 self._replies -= sum(1 for o in batch if o.reply)
                 self._inflight = []
                 self._inflight_bytes = 0
+                self._progress.set()
         finally:
             self._writer_done.set()

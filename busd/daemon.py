@@ -15,7 +15,7 @@ that subscription dispatchers run in).
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,11 +33,21 @@ from .catalog import Catalog
 from .coalesce import Keyer, chain_keyers, coalescing_key
 from .correlation import Correlator
 from .errors import BusdError
-from .events import BUILTIN_EVENTS, Envelope, Event, InternalError, StreamingStats, event_type
+from .events import (
+    BUILTIN_EVENTS,
+    Envelope,
+    Event,
+    InternalError,
+    PermissionRequested,
+    StreamingStats,
+    event_type,
+)
 from .history import History, Replay
 from .patterns import Pattern
+from .permissions import PermissionBroker, PermissionRule
 from .plugins import HookFailure, PluginManager, supervise
 from .protocol import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
+from .runs import RunManager
 from .sessions import SessionRegistry
 
 __all__ = ["Daemon", "DaemonConfig", "PublishRejected", "Subscription"]
@@ -65,7 +75,14 @@ class DaemonConfig:
     window_ms_default: int = 16
     shutdown_grace: float = 2.0
     goodbye_timeout: float = 5.0
+    watchdog: float = 300.0
+    """A run that emits nothing for this long ends ``timed_out``."""
+    permission_rules: tuple[PermissionRule, ...] = ()
+    permission_timeout: float | None = None
+    """Deny a driven run's permission request nobody answered in time (None: wait)."""
     raw_cache: int = 65_536
+    subscription_buffer: int = 10_000
+    """Events one subscription may hold while its client's outbox is full."""
 
     def limits(self) -> Limits:
         return Limits(
@@ -171,9 +188,18 @@ class Daemon:
         self.sessions = SessionRegistry()
         self.socket_path = socket_path
         self._accounting = AccountingService(self.bus, accountant)
+        self.broker = PermissionBroker(
+            self.publish,
+            policy=self.plugins.permission_policy,
+            rules=self.config.permission_rules,
+            timeout=self.config.permission_timeout,
+        )
+        self.runs = RunManager(
+            self, self.plugins.drivers(), self.broker, watchdog=self.config.watchdog
+        )
         self._subscriptions: list[Subscription] = []
         self._dead: list[Subscription] = []
-        self._raw: dict[int, tuple[Envelope[Event], msgspec.Raw]] = {}
+        self._raw: OrderedDict[int, tuple[Envelope[Event], msgspec.Raw]] = OrderedDict()
         self._connections: dict[int, tuple[str, str, int]] = {}  # id -> (client, role, uid)
         self._next_client_id = 0
         self._rate: deque[tuple[int, int]] = deque(maxlen=11)  # (second, head seq)
@@ -259,12 +285,15 @@ class Daemon:
             stale=route.stale,
         )
 
-    def publish_emitted(self, emitted: Emitted, *, source: str) -> Envelope[Event] | None:
+    def publish_emitted(
+        self, emitted: Emitted, *, source: str, run_id: str | None = None
+    ) -> Envelope[Event] | None:
         """An adapter's event; one of a type nobody registered becomes an internal error."""
         try:
             return self.publish(
                 emitted.event,
                 session_id=emitted.session_id,
+                run_id=run_id,
                 agent_id=emitted.agent_id,
                 parent_tool_call_id=emitted.parent_tool_call_id,
                 source=source,
@@ -294,8 +323,12 @@ class Daemon:
         cache = self._raw
         cache[envelope.seq] = (envelope, raw)
         if len(cache) > self.config.raw_cache:
-            del cache[next(iter(cache))]
+            # Not `del cache[next(iter(cache))]`: a dict keeps the deleted slots at
+            # its front, so that scan grows until the next resize (~30 µs an event).
+            cache.popitem(last=False)
         self.sessions.observe(envelope)
+        if type(envelope.event) is PermissionRequested:
+            self.broker.saw_request(envelope.event.request_id)
         for subscription in self._subscriptions:
             if subscription.wants(envelope):
                 try:
@@ -397,6 +430,10 @@ class Daemon:
             "plugins": [info.name for info in self.plugins.plugins()],
             "plugin_failures": len(self.plugins.failures) + len(self._startup_failures),
         }
+
+    @property
+    def accountant(self) -> Accountant:
+        return self._accounting.accountant
 
     def session_stats(self, session_id: str) -> StreamingStats | None:
         """A session's streaming stats as of now (the thinking timer included)."""

@@ -62,8 +62,15 @@ __all__ = [
 ]
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
-    """Base class of every catalog event; subclasses set ``tag=`` to their dotted name."""
+class Event(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True, gc=False
+):
+    """Base class of every catalog event; subclasses set ``tag=`` to their dotted name.
+
+    ``gc=False``: events never take part in reference cycles, and leaving the
+    100k events of the replay history out of the cyclic garbage collector's
+    scans removes its multi-millisecond pauses from the delivery path.
+    """
 
 
 def event_type(event: Event) -> str:
@@ -433,7 +440,7 @@ class InternalError(Event, frozen=True, tag="busd.internal.error"):
 E = TypeVar("E", bound=Event)
 
 
-class Envelope(msgspec.Struct, Generic[E], frozen=True, omit_defaults=True):
+class Envelope(msgspec.Struct, Generic[E], frozen=True, omit_defaults=True, gc=False):
     """An accepted event with its place in the total order.
 
     ``seq`` is daemon-wide and strictly increasing; ``ts`` is the accept time

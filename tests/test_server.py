@@ -189,7 +189,7 @@ async def test_merged_and_raw_subscribers_agree_on_the_text(sock_path: Path) -> 
 
 
 async def test_a_client_that_never_reads_is_dropped_with_its_resume_seq(sock_path: Path) -> None:
-    config = DaemonConfig(outbound_cap=256 << 10)
+    config = DaemonConfig(outbound_cap=256 << 10, subscription_buffer=1000)
     text = "x" * 400
     total = 8000  # ~3.5 MB: far past the cap and the kernel's socket buffers
     async with running_daemon(sock_path, config) as server:
