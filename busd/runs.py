@@ -1,0 +1,327 @@
+"""Runs: busd driving an SDK itself, one run per session at a time.
+
+``start_run`` picks the driver named like the adapter, gives the run an id
+and a session (a new one, or the session to continue), answers at once and
+runs the driver in the daemon's nursery. Every raw event the driver feeds is
+translated by the paired adapter and published with the run's id and busd's
+session id. A run ends one of four ways, always with ``busd.run.finished``
+and its summary (status, duration, usage, cost, thinking time, tool metrics,
+context window): ``ok``; ``error`` (the driver raised: a
+``stream.session.error`` says why); ``cancelled`` (``cancel_run``: Trio
+cancellation plus the SDK's own interrupt; partial text is kept, marked
+stopped; pending permissions are resolved cancelled); ``timed_out`` (the
+watchdog saw no event for ``watchdog`` seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+import trio
+
+from .adapters import Adapter, Translator
+from .drivers import Driver, PermissionDecision, RunRequest
+from .errors import BusdError
+from .events import (
+    Envelope,
+    Event,
+    PermissionRequested,
+    RunCancelled,
+    RunFinished,
+    RunStarted,
+    SessionError,
+    TokenUsage,
+)
+from .permissions import PermissionBroker
+from .toolmetrics import ToolTracker
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+__all__ = ["RunManager", "RunRejected", "RunState"]
+
+logger = logging.getLogger("busd.runs")
+
+Status = Literal["running", "ok", "error", "cancelled", "timed_out"]
+
+
+class RunRejected(BusdError):
+    """A run command the daemon refuses (``code`` says why, for the reply)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(eq=False)
+class RunState:
+    """One run: what was asked, how it is going, how to stop it."""
+
+    run_id: str
+    request: RunRequest
+    driver: Driver
+    translator: Translator
+    started_by: str
+    started_at: float
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    status: Status = "running"
+    cancelled_by: str | None = None
+    last_activity: float = 0.0
+    usage_before: TokenUsage = field(default_factory=TokenUsage)
+    tools: ToolTracker = field(default_factory=ToolTracker)
+    sdk_session: str | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "session_id": self.request.session_id,
+            "adapter": self.request.adapter,
+            "status": self.status,
+            "started_by": self.started_by,
+        }
+
+
+class _Context:
+    """The RunContext a driver gets (see busd.drivers)."""
+
+    def __init__(self, manager: RunManager, state: RunState) -> None:
+        self._manager = manager
+        self._state = state
+        self.request = state.request
+        self.run_id = state.run_id
+
+    def feed(self, raw: object) -> None:
+        self._manager._feed(self._state, self._state.translator.feed(raw, trio.current_time()))
+
+    async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
+        state = self._state
+        state.last_activity = trio.current_time()
+        try:
+            return await self._manager.broker.request(
+                request, session_id=state.request.session_id, run_id=state.run_id
+            )
+        finally:
+            state.last_activity = trio.current_time()
+
+    def set_sdk_session(self, sdk_session_id: str) -> None:
+        self._state.sdk_session = sdk_session_id
+        self._manager._sdk_sessions[self._state.request.session_id] = sdk_session_id
+
+
+class RunManager:
+    """Starts, watches, cancels and sums up driven runs."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        drivers: dict[str, Driver],
+        broker: PermissionBroker,
+        *,
+        watchdog: float = 300.0,
+    ) -> None:
+        self.daemon = daemon
+        self.drivers = drivers
+        self.broker = broker
+        self.watchdog = watchdog
+        self._runs: dict[str, RunState] = {}
+        self._active_by_session: dict[str, str] = {}
+        self._sdk_sessions: dict[str, str] = {}
+        daemon.bus.on_all(self._observe)
+
+    # -- commands -------------------------------------------------------------------
+
+    def start(
+        self,
+        *,
+        adapter: str,
+        prompt: str,
+        started_by: str,
+        session_id: str | None = None,
+        request_id: str | None = None,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        cwd: str | None = None,
+        permission_mode: str | None = None,
+        max_turns: int | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> RunState:
+        """Validate and launch a run; returns at once (events follow on the bus)."""
+        driver = self.drivers.get(adapter)
+        if driver is None:
+            loaded = ", ".join(sorted(self.drivers)) or "none"
+            raise RunRejected("unknown_adapter", f"no driver {adapter!r} (loaded: {loaded})")
+        paired: Adapter | None = self.daemon.adapters.get(adapter)
+        if paired is None:
+            raise RunRejected("unknown_adapter", f"driver {adapter!r} has no adapter to pair with")
+        if session_id is not None and session_id in self._active_by_session:
+            busy = self._active_by_session[session_id]
+            raise RunRejected(
+                "session_busy", f"session {session_id!r} already has run {busy!r} in progress"
+            )
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        session = session_id or f"sess-{uuid.uuid4().hex[:12]}"
+        request = RunRequest(
+            adapter=adapter,
+            prompt=prompt,
+            session_id=session,
+            resume=self._sdk_sessions.get(session),
+            model=model or driver.default_model,
+            system_prompt=system_prompt,
+            cwd=cwd,
+            permission_mode=permission_mode,
+            max_turns=max_turns,
+            options=options or {},
+        )
+        now = trio.current_time()
+        snapshot = self.daemon.sessions.snapshot(session)
+        state = RunState(
+            run_id=run_id,
+            request=request,
+            driver=driver,
+            translator=paired.translator(session_id=session),
+            started_by=started_by,
+            started_at=now,
+            last_activity=now,
+            usage_before=(snapshot.usage if snapshot is not None else None) or TokenUsage(),
+        )
+        self._runs[run_id] = state
+        self._active_by_session[session] = run_id
+        self.daemon.correlator.start_run(run_id, session_id=session, request_id=request_id)
+        self.daemon.publish(
+            RunStarted(adapter=adapter, model=request.model, request_id=request_id, prompt=prompt),
+            session_id=session,
+            run_id=run_id,
+            source=f"run/{adapter}",
+        )
+        self.daemon.nursery.start_soon(self._run, state)
+        return state
+
+    def cancel(self, run_id: str, *, by: str, reason: str | None = None) -> RunState:
+        state = self._runs.get(run_id)
+        if state is None:
+            raise RunRejected("unknown_run", f"no run {run_id!r}")
+        if state.status != "running":
+            raise RunRejected("run_finished", f"run {run_id!r} already ended ({state.status})")
+        if state.cancelled_by is None:
+            state.cancelled_by = by
+            self.daemon.publish(
+                RunCancelled(by=by, reason=reason),
+                session_id=state.request.session_id,
+                run_id=run_id,
+                source=f"run/{state.request.adapter}",
+            )
+            state.scope.cancel()
+        return state
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [state.summary() for state in self._runs.values()]
+
+    def get(self, run_id: str) -> RunState | None:
+        return self._runs.get(run_id)
+
+    # -- the run itself -------------------------------------------------------------
+
+    async def _run(self, state: RunState) -> None:
+        context = _Context(self, state)
+        error: str | None = None
+        with state.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watchdog, state, nursery.cancel_scope)
+                try:
+                    await state.driver.run(context)
+                    state.status = "ok"
+                except Exception as exc:  # the agent failed; the daemon carries on
+                    logger.warning("run %s failed: %s", state.run_id, exc, exc_info=exc)
+                    state.status = "error"
+                    error = f"{type(exc).__name__}: {exc}"
+                nursery.cancel_scope.cancel()
+        if state.status == "running":
+            state.status = "cancelled"
+        self._finish(state, error)
+
+    async def _watchdog(self, state: RunState, run_scope: trio.CancelScope) -> None:
+        while True:
+            deadline = state.last_activity + self.watchdog
+            await trio.sleep_until(deadline)
+            if trio.current_time() >= state.last_activity + self.watchdog:
+                state.status = "timed_out"
+                state.scope.cancel()
+                return
+
+    def _feed(self, state: RunState, emitted: list[Any]) -> None:
+        state.last_activity = trio.current_time()
+        source = f"run/{state.request.adapter}"
+        for item in emitted:
+            if type(item.event) is PermissionRequested:
+                self.broker.saw_request(item.event.request_id)
+            self.daemon.publish_emitted(
+                msgspec.structs.replace(item, session_id=state.request.session_id),
+                source=source,
+                run_id=state.run_id,
+            )
+
+    def _finish(self, state: RunState, error: str | None) -> None:
+        session = state.request.session_id
+        source = f"run/{state.request.adapter}"
+        now = trio.current_time()
+        if error is not None:
+            self.daemon.publish(
+                SessionError(message=error), session_id=session, run_id=state.run_id, source=source
+            )
+        self._feed(state, state.translator.finish(now))  # stopped text, idle, ...
+        self.broker.cancel_run(state.run_id)
+        stats = self.daemon.accountant.stats.run_stats(state.run_id, now)
+        snapshot = self.daemon.sessions.snapshot(session)
+        context = self.daemon.accountant.context.get(session)
+        self.daemon.publish(
+            RunFinished(
+                status=state.status,  # type: ignore[arg-type]
+                duration_s=round(now - state.started_at, 6),
+                usage=_minus(
+                    (snapshot.usage if snapshot is not None else None) or TokenUsage(),
+                    state.usage_before,
+                ),
+                thinking_s=stats.thinking_s if stats is not None else 0.0,
+                tools=state.tools.metrics(),
+                context=context.snapshot() if context is not None else None,
+                error=error,
+            ),
+            session_id=session,
+            run_id=state.run_id,
+            source=source,
+        )
+        self.daemon.correlator.end_run(
+            state.run_id,
+            "ok" if state.status == "ok" else state.status,  # type: ignore[arg-type]
+        )
+        if self._active_by_session.get(session) == state.run_id:
+            del self._active_by_session[session]
+        state.done.set()
+
+    def _observe(self, envelope: Envelope[Event]) -> None:
+        run_id = envelope.run_id
+        if run_id is None:
+            return
+        state = self._runs.get(run_id)
+        if state is not None:
+            state.tools.observe(envelope, trio.current_time())
+
+
+def _minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:
+    """This run's share of a session's running totals."""
+    cost: float | None = None
+    if after.cost_usd is not None:
+        cost = max(0.0, after.cost_usd - (before.cost_usd or 0.0))
+    return TokenUsage(
+        input_tokens=max(0, after.input_tokens - before.input_tokens),
+        output_tokens=max(0, after.output_tokens - before.output_tokens),
+        reasoning_tokens=max(0, after.reasoning_tokens - before.reasoning_tokens),
+        cache_read_tokens=max(0, after.cache_read_tokens - before.cache_read_tokens),
+        cache_write_tokens=max(0, after.cache_write_tokens - before.cache_write_tokens),
+        cost_usd=cost,
+    )
