@@ -43,6 +43,7 @@ from .protocol import (
     BYE,
     PROTOCOL_VERSION,
     Bye,
+    CancelRun,
     Command,
     Encoder,
     Error,
@@ -53,12 +54,14 @@ from .protocol import (
     Hello,
     Limits,
     Outgoing,
+    PermissionReply,
     Ping,
     Pong,
     ProtocolError,
     Publish,
     Reply,
     Request,
+    StartRun,
     Subscribe,
     Unsubscribe,
     Welcome,
@@ -477,6 +480,53 @@ class Client:
             error = reply.error
             raise RequestFailed(error.code if error else "internal", error.message if error else "")
         return reply.result
+
+    async def start_run(
+        self,
+        adapter: str,
+        prompt: str,
+        *,
+        session_id: str | None = None,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        cwd: str | None = None,
+        permission_mode: str | None = None,
+        max_turns: int | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> dict[str, str]:
+        """Start a run; returns ``{"run_id", "session_id"}`` at once, events follow."""
+        result: dict[str, str] = await self.request(
+            StartRun(
+                adapter=adapter,
+                prompt=prompt,
+                session_id=session_id,
+                model=model,
+                system_prompt=system_prompt,
+                cwd=cwd,
+                permission_mode=permission_mode,
+                max_turns=max_turns,
+                options=options or {},
+            )
+        )
+        return result
+
+    async def cancel_run(self, run_id: str, *, reason: str | None = None) -> None:
+        """Cancel a run; :class:`RequestFailed` (``unknown_run``, ``run_finished``) otherwise."""
+        await self.request(CancelRun(run_id=run_id, reason=reason))
+
+    async def reply_permission(
+        self,
+        request_id: str,
+        *,
+        option_id: str | None = None,
+        allow: bool | None = None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        """Answer a permission request; :class:`RequestFailed` if another answer won."""
+        decision: dict[str, Any] = await self.request(
+            PermissionReply(request_id=request_id, option_id=option_id, allow=allow, reason=reason)
+        )
+        return decision
 
     @asynccontextmanager
     async def subscribe(

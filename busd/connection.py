@@ -25,6 +25,7 @@ from .batching import BatchDispatcher
 from .daemon import Daemon, PublishRejected, Subscription
 from .errors import InvalidPattern
 from .events import Envelope, Event
+from .permissions import PermissionRejected
 from .protocol import (
     BAD_HANDSHAKE,
     BYE,
@@ -41,6 +42,7 @@ from .protocol import (
     UNKNOWN_SESSION,
     UNKNOWN_SUBSCRIPTION,
     Bye,
+    CancelRun,
     Encoder,
     Error,
     ErrorInfo,
@@ -50,21 +52,25 @@ from .protocol import (
     Goodbye,
     Hello,
     Ingest,
+    PermissionReply,
     Ping,
     Pong,
     ProtocolError,
     Publish,
     Reply,
     Request,
+    Runs,
     ServerHandshake,
     Sessions,
     Snapshot,
+    StartRun,
     Stats,
     Status,
     Subscribe,
     Unsubscribe,
     client_frame_decoder,
 )
+from .runs import RunRejected
 
 __all__ = ["Connection", "close_gracefully"]
 
@@ -455,6 +461,43 @@ class Connection:
             if stats is None:
                 raise _Failed(UNKNOWN_SESSION, f"no stats for session {command.session_id!r}")
             return stats
+        if isinstance(command, StartRun):
+            try:
+                state = daemon.runs.start(
+                    adapter=command.adapter,
+                    prompt=command.prompt,
+                    started_by=self.name,
+                    session_id=command.session_id,
+                    model=command.model,
+                    system_prompt=command.system_prompt,
+                    cwd=command.cwd,
+                    permission_mode=command.permission_mode,
+                    max_turns=command.max_turns,
+                    options=command.options,
+                )
+            except RunRejected as exc:
+                raise _Failed(exc.code, str(exc)) from None
+            return {"run_id": state.run_id, "session_id": state.request.session_id}
+        if isinstance(command, CancelRun):
+            try:
+                state = daemon.runs.cancel(command.run_id, by=self.name, reason=command.reason)
+            except RunRejected as exc:
+                raise _Failed(exc.code, str(exc)) from None
+            return state.summary()
+        if isinstance(command, PermissionReply):
+            try:
+                decision = daemon.broker.reply(
+                    command.request_id,
+                    by=self.name,
+                    option_id=command.option_id,
+                    allow=command.allow,
+                    reason=command.reason,
+                )
+            except PermissionRejected as exc:
+                raise _Failed(exc.code, str(exc)) from None
+            return msgspec.to_builtins(decision)
+        if isinstance(command, Runs):
+            return daemon.runs.runs()
         raise _Failed(UNKNOWN_COMMAND, f"unknown command {type(command).__name__}")
 
     # -- writing -----------------------------------------------------------------

@@ -265,6 +265,9 @@ class PermissionBroker:
                 pending, PermissionDecision(outcome="cancelled", by="busd", reason=reason)
             )
 
+    def is_resolved(self, request_id: str) -> bool:
+        return request_id in self._resolved
+
     def pending(self) -> list[PermissionRequested]:
         return [p.request for p in self._pending.values()]
 

@@ -40,6 +40,7 @@ from .errors import BusdError
 from .events import Envelope, Event
 
 __all__ = [
+    "ALREADY_RESOLVED",
     "BAD_HANDSHAKE",
     "BYE",
     "COMMANDS",
@@ -50,23 +51,30 @@ __all__ = [
     "HANDSHAKE_TIMEOUT",
     "INTERNAL",
     "INVALID_EVENT",
+    "INVALID_OPTION",
     "INVALID_PATTERN",
     "MALFORMED_FRAME",
     "PROTOCOL_VERSION",
+    "RUN_FINISHED",
     "SEQ_AHEAD",
+    "SESSION_BUSY",
     "SHUTDOWN",
     "SLOW_CONSUMER",
     "TOO_MANY_CONNECTIONS",
     "TOO_MANY_REQUESTS",
     "TOO_MANY_SUBSCRIPTIONS",
+    "UNKNOWN_ADAPTER",
     "UNKNOWN_COMMAND",
     "UNKNOWN_FRAME",
+    "UNKNOWN_REQUEST",
+    "UNKNOWN_RUN",
     "UNKNOWN_SDK",
     "UNKNOWN_SESSION",
     "UNKNOWN_SUBSCRIPTION",
     "VERSION_MISMATCH",
     "AnyCommand",
     "Bye",
+    "CancelRun",
     "ClientFrame",
     "Command",
     "Encoder",
@@ -81,17 +89,20 @@ __all__ = [
     "Ingest",
     "Limits",
     "Outgoing",
+    "PermissionReply",
     "Ping",
     "Pong",
     "ProtocolError",
     "Publish",
     "Reply",
     "Request",
+    "Runs",
     "ServerFrame",
     "ServerFrameDecoder",
     "ServerHandshake",
     "Sessions",
     "Snapshot",
+    "StartRun",
     "Stats",
     "Status",
     "Subscribe",
@@ -134,6 +145,13 @@ FORBIDDEN = "forbidden"
 TOO_MANY_CONNECTIONS = "too_many_connections"
 UNKNOWN_SESSION = "unknown_session"
 SEQ_AHEAD = "seq_ahead"
+UNKNOWN_ADAPTER = "unknown_adapter"
+SESSION_BUSY = "session_busy"
+UNKNOWN_RUN = "unknown_run"
+RUN_FINISHED = "run_finished"
+UNKNOWN_REQUEST = "unknown_request"
+ALREADY_RESOLVED = "already_resolved"
+INVALID_OPTION = "invalid_option"
 SLOW_CONSUMER = "slow_consumer"
 SHUTDOWN = "shutdown"
 BYE = "bye"
@@ -152,6 +170,13 @@ ERROR_CODES: Mapping[str, str] = {
     UNKNOWN_SUBSCRIPTION: "unsubscribe of an id that is not live (ref: that id)",
     UNKNOWN_COMMAND: "request.command.cmd that the server does not know (reply error)",
     UNKNOWN_SDK: "ingest for an SDK no adapter handles",
+    UNKNOWN_ADAPTER: "start_run names no loaded driver (reply; the message lists them)",
+    SESSION_BUSY: "start_run on a session whose run is still in progress (reply)",
+    UNKNOWN_RUN: "cancel_run of a run id this daemon never started (reply)",
+    RUN_FINISHED: "cancel_run of a run that has already ended (reply, harmless)",
+    UNKNOWN_REQUEST: "permission_reply to no pending request, or to one of an observed stream",
+    ALREADY_RESOLVED: "permission_reply after another answer won (reply, says who)",
+    INVALID_OPTION: "permission_reply with an option the request did not offer (reply)",
     SEQ_AHEAD: "subscribe.since_seq is past the head (the daemon restarted): replay starts over",
     UNKNOWN_SESSION: "a snapshot or stats request for a session the daemon does not know (reply)",
     HANDSHAKE_TIMEOUT: "no hello within the handshake timeout (fatal)",
@@ -312,10 +337,55 @@ class Stats(Command, frozen=True, tag="stats"):
     session_id: str | None = None
 
 
+class StartRun(Command, frozen=True, tag="start_run"):
+    """Run a prompt with a driver; the reply carries ``run_id`` and ``session_id`` at once."""
+
+    adapter: str
+    prompt: str
+    session_id: str | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    cwd: str | None = None
+    permission_mode: str | None = None
+    max_turns: int | None = None
+    options: dict[str, Any] = {}
+
+
+class CancelRun(Command, frozen=True, tag="cancel_run"):
+    """Stop a run; it ends with ``busd.run.finished`` status ``cancelled``."""
+
+    run_id: str
+    reason: str | None = None
+
+
+class PermissionReply(Command, frozen=True, tag="permission_reply"):
+    """Answer a driven run's permission request; the first valid answer wins."""
+
+    request_id: str
+    option_id: str | None = None
+    allow: bool | None = None
+    reason: str | None = None
+
+
+class Runs(Command, frozen=True, tag="runs"):
+    """The runs this daemon started, with their status."""
+
+
 # To add a command: define a ``Command`` subclass with its ``tag`` and add it
 # here; decoders, the unknown_command check and the docs test pick it up.
-AnyCommand: TypeAlias = Status | Sessions | Snapshot | Stats
-COMMANDS: tuple[type[Command], ...] = (Status, Sessions, Snapshot, Stats)
+AnyCommand: TypeAlias = (
+    Status | Sessions | Snapshot | Stats | StartRun | CancelRun | PermissionReply | Runs
+)
+COMMANDS: tuple[type[Command], ...] = (
+    Status,
+    Sessions,
+    Snapshot,
+    Stats,
+    StartRun,
+    CancelRun,
+    PermissionReply,
+    Runs,
+)
 
 
 class Request(Frame, frozen=True, tag="request"):

@@ -30,6 +30,7 @@ from .events import (
     Envelope,
     Event,
     PermissionRequested,
+    PermissionResolved,
     RunCancelled,
     RunFinished,
     RunStarted,
@@ -42,7 +43,13 @@ from .toolmetrics import ToolTracker
 if TYPE_CHECKING:
     from .daemon import Daemon
 
-__all__ = ["RunManager", "RunRejected", "RunState"]
+__all__ = ["RunManager", "RunRejected", "RunState", "scoped_request_id"]
+
+
+def scoped_request_id(run_id: str, request_id: str) -> str:
+    """SDKs number permission requests per session or connection; busd's ids are per run."""
+    return f"{run_id}/{request_id}"
+
 
 logger = logging.getLogger("busd.runs")
 
@@ -101,12 +108,17 @@ class _Context:
     async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
         state = self._state
         state.last_activity = trio.current_time()
+        scoped = msgspec.structs.replace(
+            request, request_id=scoped_request_id(state.run_id, request.request_id)
+        )
         try:
-            return await self._manager.broker.request(
-                request, session_id=state.request.session_id, run_id=state.run_id
+            decision = await self._manager.broker.request(
+                scoped, session_id=state.request.session_id, run_id=state.run_id
             )
         finally:
             state.last_activity = trio.current_time()
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run's driver stops here
+        return decision
 
     def set_sdk_session(self, sdk_session_id: str) -> None:
         self._state.sdk_session = sdk_session_id
@@ -215,6 +227,7 @@ class RunManager:
                 run_id=run_id,
                 source=f"run/{state.request.adapter}",
             )
+            self.broker.cancel_run(run_id)  # before the driver hears of it
             state.scope.cancel()
         return state
 
@@ -234,7 +247,7 @@ class RunManager:
                 nursery.start_soon(self._watchdog, state, nursery.cancel_scope)
                 try:
                     await state.driver.run(context)
-                    state.status = "ok"
+                    state.status = "cancelled" if state.cancelled_by else "ok"
                 except Exception as exc:  # the agent failed; the daemon carries on
                     logger.warning("run %s failed: %s", state.run_id, exc, exc_info=exc)
                     state.status = "error"
@@ -242,6 +255,8 @@ class RunManager:
                 nursery.cancel_scope.cancel()
         if state.status == "running":
             state.status = "cancelled"
+        elif state.status == "timed_out":
+            error = f"no event from the agent for {self.watchdog:g}s: stopped by the watchdog"
         self._finish(state, error)
 
     async def _watchdog(self, state: RunState, run_scope: trio.CancelScope) -> None:
@@ -257,10 +272,14 @@ class RunManager:
         state.last_activity = trio.current_time()
         source = f"run/{state.request.adapter}"
         for item in emitted:
-            if type(item.event) is PermissionRequested:
-                self.broker.saw_request(item.event.request_id)
+            event = item.event
+            if type(event) is PermissionRequested or type(event) is PermissionResolved:
+                request_id = scoped_request_id(state.run_id, event.request_id)
+                if type(event) is PermissionResolved and self.broker.is_resolved(request_id):
+                    continue  # the broker already published who decided
+                event = msgspec.structs.replace(event, request_id=request_id)
             self.daemon.publish_emitted(
-                msgspec.structs.replace(item, session_id=state.request.session_id),
+                msgspec.structs.replace(item, event=event, session_id=state.request.session_id),
                 source=source,
                 run_id=state.run_id,
             )
