@@ -1,6 +1,8 @@
-"""The OpenCode adapter: OpenCode's ``/event`` stream as busd catalog events.
+"""The OpenCode adapter (``/event`` stream → catalog events) and its driver.
 
-Registered through the ``busd`` entry-point group under the name
+The driver runs prompts on an OpenCode server with the ``opencode-ai`` SDK,
+imported only when a run starts (install the ``driver`` extra). Both are
+registered through the ``busd`` entry-point group under the name
 ``opencode``, exactly as a third-party plugin would be.
 """
 
@@ -9,11 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from busd.adapters import Adapter
+from busd.drivers import Driver
 from busd.hookspecs import hookimpl
 
+from .driver import OpenCodeDriver
 from .translator import OpenCodeTranslator
 
-__all__ = ["OpenCodeAdapter", "OpenCodeTranslator", "busd_adapters"]
+__all__ = [
+    "OpenCodeAdapter",
+    "OpenCodeDriver",
+    "OpenCodeTranslator",
+    "busd_adapters",
+    "busd_drivers",
+]
 
 
 class OpenCodeAdapter:
@@ -28,3 +38,8 @@ class OpenCodeAdapter:
 @hookimpl
 def busd_adapters() -> Sequence[Adapter]:
     return [OpenCodeAdapter()]
+
+
+@hookimpl
+def busd_drivers() -> Sequence[Driver]:
+    return [OpenCodeDriver()]
