@@ -81,6 +81,8 @@ class RunState:
     usage_before: TokenUsage = field(default_factory=TokenUsage)
     tools: ToolTracker = field(default_factory=ToolTracker)
     sdk_session: str | None = None
+    reported_error: bool = False
+    """The stream already said what went wrong (no second session error)."""
     done: trio.Event = field(default_factory=trio.Event)
 
     def summary(self) -> dict[str, Any]:
@@ -288,7 +290,7 @@ class RunManager:
         session = state.request.session_id
         source = f"run/{state.request.adapter}"
         now = trio.current_time()
-        if error is not None:
+        if error is not None and (state.status == "timed_out" or not state.reported_error):
             self.daemon.publish(
                 SessionError(message=error), session_id=session, run_id=state.run_id, source=source
             )
@@ -329,6 +331,8 @@ class RunManager:
         state = self._runs.get(run_id)
         if state is not None:
             state.tools.observe(envelope, trio.current_time())
+            if type(envelope.event) is SessionError:
+                state.reported_error = True
 
 
 def _minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:
