@@ -1,4 +1,4 @@
-"""busd adapter for the Anthropic Messages API stream (entry point ``anthropic``).
+"""busd adapter and driver for the Anthropic Messages API stream (entry point ``anthropic``).
 
 :mod:`busd_anthropic.stream` holds the message-stream state machine other
 adapters built on Anthropic streams (Claude Code) reuse.
@@ -9,15 +9,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from busd.adapters import Adapter
+from busd.drivers import Driver
 from busd.hookspecs import hookimpl
 
+from .driver import AnthropicDriver as AnthropicDriver
 from .stream import MessageStream as MessageStream
 from .translator import AnthropicAdapter as AnthropicAdapter
 from .translator import AnthropicTranslator as AnthropicTranslator
 
-__all__ = ["AnthropicAdapter", "AnthropicTranslator", "MessageStream", "busd_adapters"]
+__all__ = [
+    "AnthropicAdapter",
+    "AnthropicDriver",
+    "AnthropicTranslator",
+    "MessageStream",
+    "busd_adapters",
+    "busd_drivers",
+]
 
 
 @hookimpl
 def busd_adapters() -> Sequence[Adapter]:
     return [AnthropicAdapter()]
+
+
+@hookimpl
+def busd_drivers() -> Sequence[Driver]:
+    return [AnthropicDriver()]

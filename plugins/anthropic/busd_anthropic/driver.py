@@ -1,0 +1,130 @@
+"""The ``anthropic`` driver: one Messages API call, streamed, with the ``anthropic`` SDK.
+
+The SDK's async client (``anthropic.AsyncAnthropic``) runs on httpx (httpx2
+in anthropic 2.x), whose transport detects the running library, so it runs
+under Trio directly: no thread, no second event loop. Every raw stream event the SDK yields
+(``RawMessageStreamEvent`` objects) goes to :meth:`RunContext.feed` as it
+is; the ``anthropic`` adapter translates them.
+
+What a :class:`~busd.drivers.RunRequest` means here:
+
+- ``model``: defaults to :data:`DEFAULT_MODEL` (``claude-sonnet-4-6``; the SDK
+  warns that ``claude-sonnet-4-5`` is deprecated).
+- ``system_prompt``: the request's ``system`` (it wins over ``options["system"]``).
+- ``max_turns``: a run is always one model call. The Messages API has no
+  tool loop: a ``tool_use`` block ends the call (``stop_reason`` is
+  ``tool_use``) and running the tool is the caller's business. For the same
+  reason the driver never asks for permission, and ``cwd`` and
+  ``permission_mode`` mean nothing to it.
+- ``resume``: the API keeps no session, so there is nothing to resume; earlier
+  turns go in ``options["messages"]``, and the prompt is appended to them as
+  the last user message.
+- ``options``: ``api_key``, ``auth_token``, ``base_url``, ``max_retries`` and
+  ``default_headers`` configure the client (without them the SDK reads
+  ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL`` and the rest itself); every
+  other key goes to ``messages.create`` as it is (``max_tokens``, default
+  :data:`DEFAULT_MAX_TOKENS`; ``thinking``, ``tools``, ``temperature``, ...).
+
+Errors are the SDK's own exceptions. An ``error`` event in the stream, which
+the SDK raises as ``APIStatusError``, is fed first (so the run's events say
+why it ended); a stream that ends without ``message_stop`` raises
+:class:`StreamIncomplete`. Cancellation closes the HTTP response and the
+client (the API's only abort), shielded and bounded.
+
+Known wart: the SDK raises an ``error`` event from inside its stream
+generator and leaves the generators under it suspended. The response is
+closed all the same; Trio finalizes them when they are collected, with a
+``ResourceWarning`` (hidden by default) that asyncio would not give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import trio
+
+from busd.drivers import RunContext, RunRequest
+from busd.errors import BusdError
+
+__all__ = [
+    "CLIENT_OPTIONS",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_MODEL",
+    "AnthropicDriver",
+    "StreamIncomplete",
+    "call_arguments",
+]
+
+DEFAULT_MODEL: Final = "claude-sonnet-4-6"
+DEFAULT_MAX_TOKENS: Final = 4096
+"""``max_tokens`` is required by the API; this is sent when ``options`` has none."""
+
+CLIENT_OPTIONS: Final = frozenset(
+    {"api_key", "auth_token", "base_url", "max_retries", "default_headers"}
+)
+"""``options`` keys that configure ``AsyncAnthropic`` rather than the call."""
+
+_CLOSE_TIMEOUT: Final = 2.0
+
+
+class StreamIncomplete(BusdError, RuntimeError):
+    """The response ended before ``message_stop``: the call was cut short."""
+
+
+class AnthropicDriver:
+    """Runs a prompt as one streamed Messages API call (see the module docstring)."""
+
+    name = "anthropic"
+    default_model = DEFAULT_MODEL
+
+    async def run(self, context: RunContext) -> None:
+        from anthropic import APIStatusError, AsyncAnthropic
+
+        client_options, params = call_arguments(context.request)
+        client = AsyncAnthropic(**client_options)
+        try:
+            stream = await client.messages.create(**params, stream=True)
+            stopped = False
+            try:
+                # ``feed`` is synchronous, so a cancellation lands in the SDK's
+                # own awaits and unwinds all of its generators.
+                async for event in stream:
+                    context.feed(event)
+                    stopped = event.type == "message_stop"
+            except APIStatusError as exc:
+                if _is_error_event(exc.body):
+                    context.feed(exc.body)
+                raise
+            finally:
+                await _shielded(stream.close)
+            if not stopped:
+                raise StreamIncomplete("the Messages API stream ended before message_stop")
+        finally:
+            await _shielded(client.close)
+
+
+def call_arguments(request: RunRequest) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The client's keyword arguments and ``messages.create``'s, for one run request."""
+    params = dict(request.options)
+    client_options = {key: params.pop(key) for key in CLIENT_OPTIONS if key in params}
+    params.pop("stream", None)
+    params.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    params["model"] = request.model or DEFAULT_MODEL
+    params["messages"] = [
+        *params.get("messages", ()),
+        {"role": "user", "content": request.prompt},
+    ]
+    if request.system_prompt is not None:
+        params["system"] = request.system_prompt
+    return client_options, params
+
+
+def _is_error_event(body: object) -> bool:
+    return isinstance(body, Mapping) and body.get("type") == "error"
+
+
+async def _shielded(close: Callable[[], Awaitable[None]]) -> None:
+    """Release a resource even when the run is cancelled, within a bounded time."""
+    with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+        await close()
