@@ -1,0 +1,761 @@
+"""Fanout: busd against Redis pub/sub, NATS and a bare Python forwarder, in one command.
+
+    python contrib/bench/bench_fanout.py [--events 200000] [--subscribers 1 4] [--quick]
+
+One publisher process sends ``stream.text.delta`` events (a ``TextDelta``
+with a 100-character text, about 150 bytes of msgpack) to 1 and to 4
+subscriber processes through each system, all on this machine. Every server
+is started here and stopped at the end, error or Ctrl-C alike:
+
+- busd: ``python -m busd serve`` on a Unix socket; the publisher and the
+  subscribers use ``busd.client`` (subscribers with ``deltas="raw"``, so
+  every event is delivered, at window 16 ms and at window 0);
+- Redis pub/sub: ``redis-server`` on a Unix socket, redis-py with hiredis,
+  the publisher pipelining 1,000 publishes per round trip;
+- NATS: ``nats-server`` on 127.0.0.1, nats-py (its own write buffer, a flush
+  at the end);
+- a bare Python forwarder: an asyncio Unix-socket server that copies the
+  publisher's length-prefixed frames to every subscriber and does nothing
+  else, the ceiling of any broker written in Python.
+
+Figures, see ``contrib/bench/README.md``:
+
+- throughput: events/s delivered to the *slowest* subscriber, from the
+  publisher's first send to the last receive of the last subscriber (all
+  processes read the system-wide ``CLOCK_MONOTONIC``); a run counts only if
+  every subscriber got every event in order (busd: ``seq`` order too);
+- latency: p50/p99/max publish-to-receive at a steady 5,000 events/s;
+- idle frontends: the daemon's RSS growth when 100 clients attach, each
+  subscribed to everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import select
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from fanout_peers import make_event
+
+HERE = Path(__file__).resolve().parent
+PEERS = HERE / "fanout_peers.py"
+PYTHON = sys.executable
+# Bytes busd queues for one client before dropping it as a slow consumer. The
+# default (8 MiB) sheds a subscriber that falls that far behind a publisher
+# running flat out, as Redis and NATS would with their defaults; here we
+# measure delivery, so every server gets room for the whole run (Redis's
+# pub/sub output buffer limit is lifted the same way).
+OUTBOUND_CAP = 64 << 20
+LABELS = {
+    "busd": "busd",
+    "redis": "Redis pub/sub",
+    "nats": "NATS",
+    "forwarder": "bare Python forwarder",
+}
+
+
+class BenchError(RuntimeError):
+    """A process did not answer, or answered something else."""
+
+
+# -- processes ---------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    """A started process; for ours, JSON lines on stdout and a line on stdin to go."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path | None = None  # a server's output
+    _buffer: bytes = b""
+
+    def log_tail(self) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        tail = self.log.read_text(errors="replace")[-800:].strip()
+        return f"; its log ends: {tail}" if tail else ""
+
+    def message(self, timeout: float) -> dict[str, Any]:
+        """The next JSON line the process prints, within ``timeout`` seconds."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BenchError(f"{self.name}: no answer within {timeout:.0f} s")
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if readable:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    raise BenchError(f"{self.name} exited with code {self.proc.wait()}")
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+
+
+class Processes:
+    """Everything the benchmark started: each in its own process group, all stopped at the end."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.workers: list[Worker] = []
+
+    def start(self, name: str, argv: Sequence[str], *, server: bool = False) -> Worker:
+        """Start ``argv``; a server logs to a file, one of ours talks through pipes."""
+        log_path = self.logs / f"{name}.log" if server else None
+        if log_path is not None:
+            with log_path.open("wb") as log:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        else:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,  # Ctrl-C reaches us only; we stop them
+            )
+        worker = Worker(name, proc, log_path)
+        self.workers.append(worker)
+        return worker
+
+    def stop(self, worker: Worker, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Signal the worker's process group, wait a little, then kill it."""
+        if worker in self.workers:
+            self.workers.remove(worker)
+        proc = worker.proc
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        else:  # the leader is gone; anything it left in its group goes too
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def stop_all(self) -> None:
+        for worker in reversed(list(self.workers)):
+            self.stop(worker)
+
+
+def _wait_connectable(family: int, address: str | tuple[str, int], worker: Worker) -> None:
+    deadline = time.monotonic() + 15
+    while True:
+        if worker.proc.poll() is not None:
+            raise BenchError(
+                f"{worker.name} exited with code {worker.proc.returncode}{worker.log_tail()}"
+            )
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(address)
+            except OSError:
+                pass
+            else:
+                return
+        if time.monotonic() > deadline:
+            raise BenchError(
+                f"{worker.name} is not listening on {address} after 15 s{worker.log_tail()}"
+            )
+        time.sleep(0.05)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _which(program: str) -> str | None:
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/local/sbin"])
+    return shutil.which(program, path=path)
+
+
+@dataclass(frozen=True)
+class Server:
+    system: str
+    address: str
+    worker: Worker
+
+
+def start_server(
+    procs: Processes,
+    system: str,
+    tmp: Path,
+    *,
+    outbound_cap: int | None = None,
+    profile: Path | None = None,
+    name: str | None = None,
+    busd_command: Sequence[str] = (PYTHON, "-m", "busd"),
+) -> Server:
+    name = name or system
+    if system == "busd":
+        path = tmp / f"{name}.sock"
+        argv = list(busd_command)
+        if profile is not None:
+            argv[1:1] = ["-m", "cProfile", "-o", str(profile)]
+        argv += ["serve", "--socket", str(path), "--log-level", "warning"]
+        if outbound_cap is not None:
+            argv += ["--outbound-cap", str(outbound_cap)]
+        worker = procs.start(name, argv, server=True)
+        _wait_connectable(socket.AF_UNIX, str(path), worker)
+        return Server(system, str(path), worker)
+    if system == "redis":
+        path = tmp / "redis.sock"
+        redis_server = _which("redis-server")
+        assert redis_server is not None
+        argv = [
+            redis_server,
+            "--port", "0",
+            "--unixsocket", str(path),
+            "--unixsocketperm", "700",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(tmp),
+            # no disconnecting of subscribers that fall behind: we measure, not shed
+            "--client-output-buffer-limit", "pubsub 0 0 0",
+        ]  # fmt: skip
+        worker = procs.start(name, argv, server=True)
+        _wait_connectable(socket.AF_UNIX, str(path), worker)
+        return Server(system, str(path), worker)
+    if system == "nats":
+        nats_server = _which("nats-server")
+        assert nats_server is not None
+        port = _free_port()
+        worker = procs.start(name, [nats_server, "-a", "127.0.0.1", "-p", str(port)], server=True)
+        _wait_connectable(socket.AF_INET, ("127.0.0.1", port), worker)
+        return Server(system, f"nats://127.0.0.1:{port}", worker)
+    path = tmp / "forwarder.sock"
+    worker = procs.start(name, [PYTHON, str(PEERS), "forwarder", str(path)])
+    worker.message(15)
+    return Server(system, str(path), worker)
+
+
+def missing(system: str) -> str | None:
+    """Why ``system`` cannot run here, or ``None``."""
+    needs = {"redis": ("redis-server", "redis"), "nats": ("nats-server", "nats")}.get(system)
+    if needs is None:
+        return None
+    program, module = needs
+    if _which(program) is None:
+        return f"{program} is not installed"
+    if importlib.util.find_spec(module) is None:
+        return f"the Python package {module!r} is not installed"
+    return None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of the process (every thread), from ``/proc/PID/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident set size, from ``/proc/PID/status``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise BenchError(f"no VmRSS for pid {pid}")
+
+
+# -- one measurement ---------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """One run: the rate to the slowest subscriber, or why it does not count."""
+
+    events: int
+    subscribers: int
+    rate: float | None = None
+    problem: str = ""
+    latencies_ns: list[int] = field(default_factory=list)
+    cpu_server: float = 0.0  # CPU seconds during the run
+    cpu_publisher: float = 0.0
+    cpu_subscribers: list[float] = field(default_factory=list)
+
+    def cell(self) -> str:
+        return f"{self.rate:,.0f}" if self.rate is not None else f"FAILED: {self.problem}"
+
+
+def measure(
+    procs: Processes,
+    server: Server,
+    *,
+    subscribers: int,
+    events: int,
+    window_ms: int = 16,
+    rate: float | None = None,
+) -> Outcome:
+    """One publisher, ``subscribers`` subscribers, ``events`` events through ``server``."""
+    system, address = server.system, server.address
+    latency = rate is not None
+    timeout = 60 + events / (rate if rate is not None else 2_000)
+    sub_argv = [PYTHON, str(PEERS), "sub", system, address, "--events", str(events)]
+    sub_argv += ["--window-ms", str(window_ms)] + (["--latency"] if latency else [])
+    pub_argv = [PYTHON, str(PEERS), "pub", system, address, "--events", str(events)]
+    pub_argv += ["--rate", str(rate)] if rate is not None else []
+    started: list[Worker] = []
+    outcome = Outcome(events, subscribers)
+    try:
+        subs = [procs.start(f"{system}-sub-{k}", sub_argv) for k in range(subscribers)]
+        started += subs
+        publisher = procs.start(f"{system}-pub", pub_argv)
+        started.append(publisher)
+        for worker in (*subs, publisher):
+            worker.message(30)  # ready: connected, and subscribed
+        server_cpu = cpu_seconds(server.worker.proc.pid)
+        publisher.go()
+        sent = publisher.message(timeout)
+        results = [sub.message(timeout) for sub in subs]
+        outcome.cpu_server = cpu_seconds(server.worker.proc.pid) - server_cpu
+    except BenchError as exc:
+        outcome.problem = str(exc)
+        return outcome
+    finally:
+        for worker in started:
+            procs.stop(worker)
+    short = [r["count"] for r in results if r["count"] != events]
+    if short:
+        outcome.problem = f"lost events: got {min(short):,} of {events:,}"
+    elif not all(r["ordered"] for r in results):
+        outcome.problem = "events out of order"
+    else:
+        elapsed_ns = max(r["last_ns"] for r in results) - sent["start_ns"]
+        outcome.rate = events / (elapsed_ns / 1e9)
+    for r in results:
+        outcome.latencies_ns += r["latencies_ns"] or []
+    outcome.cpu_publisher = sent["cpu_s"]
+    outcome.cpu_subscribers = [r["cpu_s"] for r in results]
+    return outcome
+
+
+def percentile(values: Sequence[int], q: float) -> float:
+    """Nearest-rank percentile of sorted ``values``."""
+    return float(values[max(0, math.ceil(q * len(values)) - 1)])
+
+
+# -- the report --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A row: a system, and for busd its subscription window."""
+
+    system: str
+    window_ms: int = 16
+
+    @property
+    def label(self) -> str:
+        if self.system == "busd":
+            return f"busd (window {self.window_ms} ms)"
+        return LABELS[self.system]
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)) + " |",
+        "| " + " | ".join("-" * (w - 1) + (":" if i else "-") for i, w in enumerate(widths)) + " |",
+    ]
+    for row in rows:
+        cells = [
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def best(outcomes: list[Outcome]) -> Outcome:
+    """The fastest complete run of a repeated measurement (else the last failure)."""
+    done = [o for o in outcomes if o.rate is not None]
+    return max(done, key=lambda o: o.rate or 0.0) if done else outcomes[-1]
+
+
+@contextlib.contextmanager
+def terminate_on_sigterm() -> Iterator[None]:
+    """A SIGTERM unwinds like Ctrl-C, so every ``finally`` stops what it started."""
+
+    def raise_interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=None, help="default 200,000 (quick: 20,000)")
+    parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer events")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds of throughput runs; the best counts"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=70_000, help="events through busd before measuring"
+    )
+    parser.add_argument("--systems", default="busd,redis,nats,forwarder")
+    parser.add_argument("--windows", type=int, nargs="+", default=[16, 0], help="busd windows")
+    parser.add_argument("--latency-rate", type=float, default=5_000.0)
+    parser.add_argument("--latency-events", type=int, default=None, help="default 2 s worth")
+    parser.add_argument("--latency-subscribers", type=int, default=None, help="default: the most")
+    parser.add_argument("--idle-clients", type=int, default=100, help="0 to skip")
+    parser.add_argument(
+        "--outbound-cap",
+        type=int,
+        default=OUTBOUND_CAP,
+        help="busd serve --outbound-cap for the throughput runs (busd's default: 8 MiB)",
+    )
+    parser.add_argument(
+        "--profile-daemon", type=Path, default=None, help="run busd under cProfile, to this file"
+    )
+    parser.add_argument(
+        "--busd-command",
+        default=f"{PYTHON} -m busd",
+        help="how to start busd (before 'serve ...'), to compare daemon builds",
+    )
+    args = parser.parse_args()
+
+    events = args.events or (20_000 if args.quick else 200_000)
+    latency_events = args.latency_events or int(args.latency_rate * (0.5 if args.quick else 2.0))
+    latency_subs = args.latency_subscribers or max(args.subscribers)
+    counts = sorted(set(args.subscribers))
+    busd_command = shlex.split(args.busd_command)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for system in systems:
+        if system not in LABELS:
+            parser.error(f"unknown system {system!r}; choose from {', '.join(LABELS)}")
+    skipped = {s: why for s in systems if (why := missing(s)) is not None}
+    active = [s for s in systems if s not in skipped]
+    for system, why in skipped.items():
+        print(f"skipping {LABELS[system]}: {why} (see contrib/bench/README.md)", file=sys.stderr)
+
+    variants = [
+        v
+        for s in systems
+        if s not in skipped
+        for v in ([Variant(s, w) for w in args.windows] if s == "busd" else [Variant(s)])
+    ]
+    latency_variants = [
+        Variant(s, w)
+        for s in systems
+        if s not in skipped
+        for w in (sorted(set(args.windows)) if s == "busd" else [16])
+    ]
+    event_bytes = len(msgspec.msgpack.encode(make_event(0, time.monotonic_ns())))
+
+    throughput: dict[tuple[Variant, int], Outcome] = {}
+    latency: dict[Variant, Outcome] = {}
+    idle: tuple[int, int] | None = None
+    began = time.monotonic()
+    load_before = os.getloadavg()[0]
+    with (
+        terminate_on_sigterm(),
+        tempfile.TemporaryDirectory(prefix="busd-fanout-") as tmp_name,
+    ):
+        tmp = Path(tmp_name)
+        procs = Processes(tmp)
+        try:
+            servers = {
+                system: start_server(
+                    procs,
+                    system,
+                    tmp,
+                    outbound_cap=args.outbound_cap,
+                    profile=args.profile_daemon if system == "busd" else None,
+                    busd_command=busd_command,
+                )
+                for system in active
+            }
+            if "busd" in servers and args.warmup:
+                # A long-running daemon has full replay history and caches: measure that.
+                measure(procs, servers["busd"], subscribers=1, events=args.warmup)
+            runs: dict[tuple[Variant, int], list[Outcome]] = {}
+            for round_number in range(1, args.repeat + 1):  # rounds spread the noise evenly
+                for variant in variants:
+                    for n in counts:
+                        outcome = measure(
+                            procs,
+                            servers[variant.system],
+                            subscribers=n,
+                            events=events,
+                            window_ms=variant.window_ms,
+                        )
+                        runs.setdefault((variant, n), []).append(outcome)
+                        print(
+                            f"  round {round_number}: {variant.label}, {n} sub: {outcome.cell()}",
+                            file=sys.stderr,
+                        )
+            throughput = {key: best(outcomes) for key, outcomes in runs.items()}
+            for variant in latency_variants:
+                latency[variant] = measure(
+                    procs,
+                    servers[variant.system],
+                    subscribers=latency_subs,
+                    events=latency_events,
+                    window_ms=variant.window_ms,
+                    rate=args.latency_rate,
+                )
+            for system, server in servers.items():
+                # SIGINT: busd shuts down cleanly (and cProfile writes its file)
+                procs.stop(server.worker, signal.SIGINT if system == "busd" else signal.SIGTERM)
+            if args.idle_clients and "busd" in systems:
+                daemon = start_server(
+                    procs, "busd", tmp, name="busd-idle", busd_command=busd_command
+                )
+                time.sleep(0.5)
+                before = rss_bytes(daemon.worker.proc.pid)
+                frontends = procs.start(
+                    "idle-frontends",
+                    [
+                        PYTHON,
+                        str(PEERS),
+                        "idle",
+                        daemon.address,
+                        "--clients",
+                        str(args.idle_clients),
+                    ],
+                )
+                frontends.message(60)
+                time.sleep(0.5)
+                idle = (before, rss_bytes(daemon.worker.proc.pid))
+                procs.stop(frontends)
+                procs.stop(daemon.worker)
+        finally:
+            procs.stop_all()
+
+    report(
+        events=events,
+        event_bytes=event_bytes,
+        counts=counts,
+        variants=variants,
+        latency_variants=latency_variants,
+        throughput=throughput,
+        latency=latency,
+        latency_events=latency_events,
+        latency_rate=args.latency_rate,
+        latency_subs=latency_subs,
+        idle=idle,
+        idle_clients=args.idle_clients,
+        outbound_cap=args.outbound_cap,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        seconds=time.monotonic() - began,
+        load=(load_before, os.getloadavg()[0]),
+    )
+
+
+def report(
+    *,
+    events: int,
+    event_bytes: int,
+    counts: list[int],
+    variants: list[Variant],
+    latency_variants: list[Variant],
+    throughput: dict[tuple[Variant, int], Outcome],
+    latency: dict[Variant, Outcome],
+    latency_events: int,
+    latency_rate: float,
+    latency_subs: int,
+    idle: tuple[int, int] | None,
+    idle_clients: int,
+    outbound_cap: int,
+    repeat: int,
+    warmup: int,
+    seconds: float,
+    load: tuple[float, float],
+) -> None:
+    def subs(n: int) -> str:
+        return f"{n} subscriber" + ("s" if n != 1 else "")
+
+    print(
+        f"\nfanout: {events:,} stream.text.delta events ({event_bytes} bytes of msgpack each), "
+        f"1 publisher; {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"busd serve --outbound-cap {outbound_cap}, warmed up with {warmup:,} events; "
+        f"best of {repeat} round{'s' if repeat != 1 else ''}; {seconds:.0f} s in all; "
+        f"load average {load[0]:.2f} before, {load[1]:.2f} after (other work on the machine "
+        "skews every figure)\n"
+    )
+    print("Throughput: events/s delivered to the slowest subscriber\n")
+    rows = [[v.label, *(throughput[v, n].cell() for n in counts)] for v in variants]
+    print(table(["system", *(subs(n) for n in counts)], rows))
+
+    print(
+        "\nCPU time per event, in microseconds (the server, the publisher, one subscriber "
+        "on average, and all processes together; 2 cores give 2e6 us per second)\n"
+    )
+    cpu_rows = []
+    for v in variants:
+        for n in counts:
+            o = throughput[v, n]
+            per = 1e6 / o.events
+            sub = sum(o.cpu_subscribers) / len(o.cpu_subscribers) if o.cpu_subscribers else 0.0
+            total = o.cpu_server + o.cpu_publisher + sum(o.cpu_subscribers)
+            cpu_rows.append(
+                [
+                    f"{v.label}, {subs(n)}",
+                    f"{o.cpu_server * per:.1f}",
+                    f"{o.cpu_publisher * per:.1f}",
+                    f"{sub * per:.1f}",
+                    f"{total * per:.1f}",
+                ]
+            )
+    print(table(["run", "server", "publisher", "subscriber", "all"], cpu_rows))
+
+    busd_rows = [v for v in variants if v.system == "busd"]
+    peers = [v for v in variants if v.system != "busd"]
+    ratio_rows = []
+    for b in busd_rows:
+        for p in peers:
+            cells = []
+            for n in counts:
+                mine, theirs = throughput[b, n].rate, throughput[p, n].rate
+                cells.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
+            ratio_rows.append([f"{b.label} / {p.label}", *cells])
+    if ratio_rows:
+        print("\nRatios (busd's events/s over the peer's, same command)\n")
+        print(table(["ratio", *(subs(n) for n in counts)], ratio_rows))
+
+    if latency:
+        print(
+            f"\nLatency, publish to receive: {latency_events:,} events at a steady "
+            f"{latency_rate:,.0f} events/s, {subs(latency_subs)} (all subscribers' events)\n"
+        )
+        lat_rows = []
+        for v in latency_variants:
+            outcome = latency[v]
+            values = sorted(outcome.latencies_ns)
+            if outcome.problem or not values:
+                lat_rows.append([v.label, "-", "-", "-", "-", outcome.problem or "no data"])
+                continue
+            p50, p99 = percentile(values, 0.50), percentile(values, 0.99)
+            lat_rows.append(
+                [
+                    v.label,
+                    f"{p50 / 1e6:.2f}",
+                    f"{p99 / 1e6:.2f}",
+                    f"{values[-1] / 1e6:.2f}",
+                    f"{outcome.cpu_server / outcome.events * 1e6:.1f}",
+                    "ok",
+                ]
+            )
+        header = ["system", "p50 ms", "p99 ms", "max ms", "server CPU us/event", "delivery"]
+        print(table(header, lat_rows))
+
+    if idle is not None:
+        before, after = idle
+        print(f"\nIdle frontends: {idle_clients} clients attached, each subscribed to '>'\n")
+        print(
+            table(
+                ["daemon RSS before", "after", "growth", "per client"],
+                [
+                    [
+                        f"{before / 2**20:.1f} MiB",
+                        f"{after / 2**20:.1f} MiB",
+                        f"{(after - before) / 2**20:.1f} MiB",
+                        f"{(after - before) / idle_clients / 1024:.0f} KiB",
+                    ]
+                ],
+            )
+        )
+
+    print("\nTargets\n")
+    top = max(counts)
+    for line in targets(variants, throughput, latency, latency_subs, top, idle):
+        print(f"- {line}")
+
+
+def targets(
+    variants: list[Variant],
+    throughput: dict[tuple[Variant, int], Outcome],
+    latency: dict[Variant, Outcome],
+    latency_subs: int,
+    top: int,
+    idle: tuple[int, int] | None,
+) -> list[str]:
+    """The issue's targets, each with its verdict."""
+    lines = []
+
+    def rate(v: Variant) -> float | None:
+        outcome = throughput.get((v, top))
+        return outcome.rate if outcome is not None else None
+
+    busd = [v for v in variants if v.system == "busd" and rate(v)]
+    if busd:
+        fastest = max(busd, key=lambda v: rate(v) or 0.0)
+        for peer, factor in (("nats", 2.0), ("redis", 10.0)):
+            theirs = rate(Variant(peer))
+            if theirs:
+                mine = rate(fastest) or 0.0
+                verdict = "met" if mine >= factor * theirs else "MISSED"
+                lines.append(
+                    f"{top} subscribers, busd >= {factor:.0f}x {LABELS[peer]}: "
+                    f"{mine / theirs:.2f}x with {fastest.label}: {verdict}"
+                )
+    p99 = {}
+    for key in (Variant("busd", 0), Variant("nats")):
+        outcome = latency.get(key)
+        if outcome is not None and outcome.latencies_ns and not outcome.problem:
+            p99[key.system] = percentile(sorted(outcome.latencies_ns), 0.99)
+    if len(p99) == 2:
+        verdict = "met" if p99["busd"] <= p99["nats"] else "MISSED"
+        lines.append(
+            f"p99 at the steady rate ({latency_subs} subscribers), busd window 0 <= NATS: "
+            f"{p99['busd'] / 1e6:.2f} ms vs {p99['nats'] / 1e6:.2f} ms: {verdict}"
+        )
+    if idle is not None:
+        growth = idle[1] - idle[0]
+        verdict = "met" if growth < 20e6 else "MISSED"
+        lines.append(f"idle frontends < 20 MB: {growth / 1e6:.1f} MB: {verdict}")
+    return lines
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as exc:
+        sys.exit(f"bench_fanout: {exc}")
+    except KeyboardInterrupt:
+        sys.exit(130)
