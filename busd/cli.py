@@ -21,6 +21,7 @@ from .catalog import Catalog
 from .catalogdoc import render_markdown
 from .client import ConnectionLost, DaemonNotRunning
 from .client import connect as busd_connect
+from .config import ConfigError, FileConfig, load_config
 from .daemon import Daemon, DaemonConfig
 from .endpoint import AlreadyRunning, EndpointError, resolve_socket_path
 from .errors import BusdError
@@ -170,6 +171,13 @@ def _run_client(main_fn: Callable[[], Awaitable[int]]) -> NoReturn:
     help="Connections one user may hold.",
 )
 @click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A TOML file with run and permission policy (see docs/runs.md).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -177,6 +185,7 @@ def _run_client(main_fn: Callable[[], Awaitable[int]]) -> NoReturn:
 )
 def serve(
     socket_path: Path | None,
+    config_path: Path | None,
     max_frame: int,
     outbound_cap: int,
     handshake_timeout: float,
@@ -188,7 +197,14 @@ def serve(
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
     logging.basicConfig(level=log_level.upper(), format="busd: %(name)s: %(message)s")
+    try:
+        policy = load_config(config_path) if config_path is not None else FileConfig()
+    except ConfigError as exc:
+        _fail(str(exc), 2)
     config = DaemonConfig(
+        watchdog=policy.runs.watchdog,
+        permission_rules=tuple(policy.permissions.rules),
+        permission_timeout=policy.permissions.timeout,
         max_frame=max_frame,
         outbound_cap=outbound_cap,
         handshake_timeout=handshake_timeout,

@@ -38,7 +38,9 @@ __all__ = [
 ]
 
 
-class PermissionRule(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class PermissionRule(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
     """One rule of the daemon's permission policy; every given condition must match."""
 
     action: Literal["allow", "deny", "ask"]
