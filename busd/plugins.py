@@ -165,39 +165,31 @@ class PluginManager:
 
     def adapters(self) -> dict[str, Adapter]:
         """Adapters by name; when two plugins offer one name, the first registered wins."""
-        found: dict[str, tuple[str, Adapter]] = {}
-        for plugin, result in reversed(list(self._call("busd_adapters"))):  # registration order
-            for adapter in result or ():
-                if not isinstance(adapter, Adapter):
-                    self._failed(plugin, "busd_adapters", TypeError(f"{adapter!r} is no adapter"))
-                elif adapter.name in found:
-                    owner = found[adapter.name][0]
-                    self._failed(
-                        plugin,
-                        "busd_adapters",
-                        ValueError(f"adapter {adapter.name!r} is already provided by {owner!r}"),
-                    )
-                else:
-                    found[adapter.name] = (plugin, adapter)
-        return {name: adapter for name, (_, adapter) in found.items()}
+        return self._named("busd_adapters", Adapter)
 
     def drivers(self) -> dict[str, Driver]:
         """Drivers by name; when two plugins offer one name, the first registered wins."""
-        found: dict[str, tuple[str, Driver]] = {}
-        for plugin, result in reversed(list(self._call("busd_drivers"))):
-            for driver in result or ():
-                if not isinstance(driver, Driver):
-                    self._failed(plugin, "busd_drivers", TypeError(f"{driver!r} is no driver"))
-                elif driver.name in found:
-                    owner = found[driver.name][0]
+        return self._named("busd_drivers", Driver)
+
+    def _named(self, hook: str, kind: type[Any]) -> dict[str, Any]:
+        found: dict[str, tuple[str, Any]] = {}
+        for plugin, result in reversed(list(self._call(hook))):  # registration order
+            for item in result or ():
+                if not isinstance(item, kind):
+                    noun = kind.__name__.lower()
+                    self._failed(plugin, hook, TypeError(f"{item!r} is no {noun}"))
+                    continue
+                name: str = getattr(item, "name")  # noqa: B009 - protocols are checked above
+                if name in found:
+                    owner = found[name][0]
                     self._failed(
                         plugin,
-                        "busd_drivers",
-                        ValueError(f"driver {driver.name!r} is already provided by {owner!r}"),
+                        hook,
+                        ValueError(f"{name!r} is already provided by {owner!r}"),
                     )
                 else:
-                    found[driver.name] = (plugin, driver)
-        return {name: driver for name, (_, driver) in found.items()}
+                    found[name] = (plugin, item)
+        return {name: item for name, (_, item) in found.items()}
 
     def coalescing_key(self, envelope: Envelope[Event]) -> Hashable | None:
         for _, result in self._call("busd_coalescing_key", envelope=envelope):

@@ -190,47 +190,34 @@ class SessionState:
     def __repr__(self) -> str:
         return f"<SessionState {self.session_id!r} {self.status} seq={self.last_seq}>"
 
+    def _summary_fields(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "status": self.status,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "events": self.events,
+            "title": self.title,
+            "model": self.model,
+            "cwd": self.cwd,
+            "parent_session_id": self.parent_session_id,
+            "run_id": self.run_id,
+            "error": self.error,
+            "usage": self.usage,
+            "pending_permissions": len(self.permissions),
+            "running_tools": len(self.tools),
+            "sub_agents": len(self.agents),
+        }
+
     def summary(self) -> SessionSummary:
-        return SessionSummary(
-            session_id=self.session_id,
-            status=self.status,
-            first_seq=self.first_seq,
-            last_seq=self.last_seq,
-            first_ts=self.first_ts,
-            last_ts=self.last_ts,
-            events=self.events,
-            title=self.title,
-            model=self.model,
-            cwd=self.cwd,
-            parent_session_id=self.parent_session_id,
-            run_id=self.run_id,
-            error=self.error,
-            usage=self.usage,
-            pending_permissions=len(self.permissions),
-            running_tools=len(self.tools),
-            sub_agents=len(self.agents),
-        )
+        return SessionSummary(**self._summary_fields())
 
     def snapshot(self, *, stats: StreamingStats | None = None) -> SessionSnapshot:
         """The snapshot; a ``stats`` given replaces the latest ``busd.stats`` seen."""
         return SessionSnapshot(
-            session_id=self.session_id,
-            status=self.status,
-            first_seq=self.first_seq,
-            last_seq=self.last_seq,
-            first_ts=self.first_ts,
-            last_ts=self.last_ts,
-            events=self.events,
-            title=self.title,
-            model=self.model,
-            cwd=self.cwd,
-            parent_session_id=self.parent_session_id,
-            run_id=self.run_id,
-            error=self.error,
-            usage=self.usage,
-            pending_permissions=len(self.permissions),
-            running_tools=len(self.tools),
-            sub_agents=len(self.agents),
+            **self._summary_fields(),
             stats=self.stats if stats is None else stats,
             context=self.context,
             permissions=tuple(self.permissions.values()),
