@@ -1,9 +1,12 @@
-"""busd-acp: the Agent Client Protocol adapter, loaded like any third-party plugin.
+"""busd-acp: the Agent Client Protocol adapter and driver, loaded like any third-party plugin.
 
-``busd ingest --sdk acp`` (or an ``ingest`` frame naming ``acp``) feeds it the
-JSON-RPC messages of one ACP connection, both directions interleaved in the
-order they crossed the wire; see :mod:`busd_acp.translator` for what becomes
-what.
+``busd ingest --sdk acp`` (or an ``ingest`` frame naming ``acp``) feeds the
+adapter the JSON-RPC messages of one ACP connection, both directions
+interleaved in the order they crossed the wire; see
+:mod:`busd_acp.translator` for what becomes what. ``start_run`` with
+``adapter="acp"`` runs an ACP agent subprocess with the driver
+(:mod:`busd_acp.driver`, which needs the ``agent-client-protocol`` SDK: the
+``driver`` extra), and the adapter translates what it feeds.
 """
 
 from __future__ import annotations
@@ -11,11 +14,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from busd.adapters import Adapter
+from busd.drivers import Driver
 from busd.hookspecs import hookimpl
 
+from .driver import AcpAgentError, AcpDriver, AcpOptions, AcpOptionsError
 from .translator import AcpTranslator
 
-__all__ = ["AcpAdapter", "AcpTranslator", "busd_adapters"]
+__all__ = [
+    "AcpAdapter",
+    "AcpAgentError",
+    "AcpDriver",
+    "AcpOptions",
+    "AcpOptionsError",
+    "AcpTranslator",
+    "busd_adapters",
+    "busd_drivers",
+]
 
 
 class AcpAdapter:
@@ -30,3 +44,8 @@ class AcpAdapter:
 @hookimpl
 def busd_adapters() -> Sequence[Adapter]:
     return [AcpAdapter()]
+
+
+@hookimpl
+def busd_drivers() -> Sequence[Driver]:
+    return [AcpDriver()]
