@@ -544,6 +544,13 @@ def ingest(
     default=None,
     help="End the run after S seconds without an event (in-process daemon only).",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="error",
+    show_default=True,
+    help="The in-process daemon's log (the run's own events already say why it failed).",
+)
 def run_command(
     socket_path: Path | None,
     prompt: str,
@@ -558,6 +565,7 @@ def run_command(
     max_turns: int | None,
     options: tuple[str, ...],
     watchdog: float | None,
+    log_level: str,
 ) -> None:
     """Run PROMPT with an agent and exit with its outcome (`-`: read the prompt from stdin).
 
@@ -568,7 +576,7 @@ def run_command(
     """
     from .headless import HeadlessRun, ToolRules, parse_option, run_headless
 
-    logging.basicConfig(level="WARNING", format="busd: %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), format="busd: %(name)s: %(message)s")
     parsed: dict[str, Any] = {}
     for text in options:
         try:

@@ -427,6 +427,9 @@ class Daemon:
             "handler_errors": bus.handler_errors,
             "history": msgspec.to_builtins(self.history.statistics()),
             "adapters": sorted(self.adapters),
+            "drivers": sorted(self.runs.drivers),
+            "runs_active": sum(1 for r in self.runs.runs() if r["status"] == "running"),
+            "runs_total": len(self.runs.runs()),
             "plugins": [info.name for info in self.plugins.plugins()],
             "plugin_failures": len(self.plugins.failures) + len(self._startup_failures),
         }
