@@ -81,6 +81,8 @@ class RunState:
     usage_before: TokenUsage = field(default_factory=TokenUsage)
     tools: ToolTracker = field(default_factory=ToolTracker)
     sdk_session: str | None = None
+    waiting_for_people: int = 0
+    """Permission requests in flight: the agent is not silent, a person is."""
     reported_error: bool = False
     """The stream already said what went wrong (no second session error)."""
     done: trio.Event = field(default_factory=trio.Event)
@@ -113,11 +115,13 @@ class _Context:
         scoped = msgspec.structs.replace(
             request, request_id=scoped_request_id(state.run_id, request.request_id)
         )
+        state.waiting_for_people += 1
         try:
             decision = await self._manager.broker.request(
                 scoped, session_id=state.request.session_id, run_id=state.run_id
             )
         finally:
+            state.waiting_for_people -= 1
             state.last_activity = trio.current_time()
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run's driver stops here
         return decision
@@ -184,7 +188,7 @@ class RunManager:
             prompt=prompt,
             session_id=session,
             resume=self._sdk_sessions.get(session),
-            model=model or driver.default_model,
+            model=model or driver.default_model or None,
             system_prompt=system_prompt,
             cwd=cwd,
             permission_mode=permission_mode,
@@ -265,6 +269,9 @@ class RunManager:
         while True:
             deadline = state.last_activity + self.watchdog
             await trio.sleep_until(deadline)
+            if state.waiting_for_people:
+                state.last_activity = trio.current_time()  # waiting on a person, not the agent
+                continue
             if trio.current_time() >= state.last_activity + self.watchdog:
                 state.status = "timed_out"
                 state.scope.cancel()

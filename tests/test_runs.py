@@ -415,3 +415,19 @@ async def test_run_commands_fail_clearly_and_harmlessly(sock_path: Path) -> None
         assert (await watcher.finished(started["run_id"])).status == "cancelled"
         with pytest.raises(RequestFailed, match="run_finished"):
             await ui.cancel_run(started["run_id"])
+
+
+async def test_the_watchdog_waits_while_a_person_decides(autojump_clock: trio.abc.Clock) -> None:
+    driver = ScriptDriver()
+    daemon = make_daemon(driver, DaemonConfig(watchdog=60.0))
+    watcher = Watcher(daemon)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        state = daemon.runs.start(adapter="script", prompt="ask", started_by="t")
+        await trio.sleep(600)  # ten watchdog periods with the question unanswered
+        assert state.status == "running"
+        daemon.broker.reply(f"{state.run_id}/perm-1", by="ui", option_id="allow_once")
+        summary = await watcher.finished(state.run_id)
+        nursery.cancel_scope.cancel()
+    assert summary.status == "ok"
+    assert [d.outcome for d in driver.decisions] == ["allowed"]
