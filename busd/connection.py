@@ -141,6 +141,7 @@ class Connection:
         self._writer_done = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._pending_goodbye: str | None = None
+        self._unyielded = 0  # events published since the reader last let others run
 
     # -- life --------------------------------------------------------------------
 
@@ -287,7 +288,9 @@ class Connection:
                 self.daemon.publish_from_client(outgoing, source=self.name)
             except PublishRejected as exc:
                 self._queue(Error(code=INVALID_EVENT, message=f"events[{index}]: {exc}"))
-            if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+            self._unyielded += 1
+            if self._unyielded >= _YIELD_EVERY:  # counted across frames: small ones add up
+                self._unyielded = 0
                 await trio.lowlevel.checkpoint()
 
     def _protocol_error(self, exc: ProtocolError) -> None:
@@ -371,8 +374,8 @@ class Connection:
         sub_id = frame.id
 
         async def send(batch: list[Envelope[Event]]) -> None:
-            raws = [self.daemon.raw(e) for e in batch]
-            await self._send_events(sub_id, raws, batch[0].seq)
+            raw = self.daemon.raw
+            await self._send_events(sub_id, [e.seq for e in batch], [raw(e) for e in batch])
 
         dispatcher = BatchDispatcher(
             send,
@@ -393,11 +396,12 @@ class Connection:
         except InvalidPattern as exc:
             self._queue(Error(code=INVALID_PATTERN, message=str(exc), ref=sub_id))
             return
+        seqs: list[int] = []
         raws: list[msgspec.Raw] = []
         if frame.since_seq is not None:
             # Synchronous from here to add_subscription: nothing is missed or doubled.
             # Live events wait in the dispatcher until the replay is queued.
-            found, raws = self.daemon.replay(sub, frame.since_seq)
+            found, seqs, raws = self.daemon.replay(sub, frame.since_seq)
             if frame.since_seq > found.head_seq:
                 message = (
                     f"since_seq {frame.since_seq} is past this daemon's head {found.head_seq} "
@@ -409,12 +413,12 @@ class Connection:
         self.daemon.add_subscription(sub)
         self._subs[sub_id] = sub
         assert self._nursery is not None
-        self._nursery.start_soon(self._deliver, sub, raws)
+        self._nursery.start_soon(self._deliver, sub, seqs, raws)
 
-    async def _deliver(self, sub: Subscription, replay: list[msgspec.Raw]) -> None:
+    async def _deliver(self, sub: Subscription, seqs: list[int], raws: list[msgspec.Raw]) -> None:
         """Replay first (with backpressure), then live batches until the subscription ends."""
-        if replay:
-            await self._send_events(sub.id, replay, None)
+        if raws:
+            await self._send_events(sub.id, seqs, raws)
         await sub.dispatcher.run()
         overflow = sub.dispatcher.overflow
         if overflow is not None and self._subs.get(sub.id) is sub:
@@ -505,14 +509,14 @@ class Connection:
     def _queue(self, frame: Frame, *, reply: bool = False) -> None:
         self._push(_Out(self._encoder.encode(frame), reply=reply))
 
-    async def _send_events(
-        self, sub_id: int, raws: list[msgspec.Raw], first_seq: int | None
-    ) -> None:
+    async def _send_events(self, sub_id: int, seqs: list[int], raws: list[msgspec.Raw]) -> None:
         """Events frames for ``raws`` (split under the frame cap), waiting for outbox room.
 
         A subscriber that reads keeps the outbox under ``outbound_cap``; one
         that does not makes this wait, while its subscription keeps
         coalescing, until its buffer overflows too: then it is a slow consumer.
+        Each frame remembers the seq of its first event, so a client dropped
+        with frames still queued is told to resume before the oldest of them.
         """
         cap = self.daemon.config.max_frame - _EVENTS_OVERHEAD
         limit = self.daemon.config.outbound_cap
@@ -530,8 +534,8 @@ class Connection:
                 await self._progress.wait()
                 if self._closing:
                     return
-            self._push(_Out(data, first_seq))
-            start, first_seq = end, None
+            self._push(_Out(data, seqs[start]))
+            start = end
 
     def _push(self, out: _Out) -> None:
         if self._closing:

@@ -361,14 +361,19 @@ class Daemon:
 
     def replay(
         self, subscription: Subscription, since_seq: int
-    ) -> tuple[Replay, list[msgspec.Raw]]:
-        """What a resuming subscription missed (a ``since_seq`` past the head starts over)."""
+    ) -> tuple[Replay, list[int], list[msgspec.Raw]]:
+        """What a resuming subscription missed, as seqs and bytes (past the head: start over)."""
         found = self.history.since(since_seq)
         if found.ahead:
             found = self.history.since(0)
         wants = subscription.wants
-        raws = [raw for env, raw in zip(found.envelopes, found.raws, strict=True) if wants(env)]
-        return found, raws
+        seqs: list[int] = []
+        raws: list[msgspec.Raw] = []
+        for envelope, raw in zip(found.envelopes, found.raws, strict=True):
+            if wants(envelope):
+                seqs.append(envelope.seq)
+                raws.append(raw)
+        return found, seqs, raws
 
     # -- connections -----------------------------------------------------------
 

@@ -521,3 +521,45 @@ async def test_a_client_still_saying_hello_at_shutdown_gets_welcome_then_goodbye
     goodbye = frames[-1]
     assert isinstance(goodbye, Goodbye)
     assert goodbye.reason == "shutdown"
+
+
+async def test_the_resume_seq_covers_batches_split_over_many_frames(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A dropped client resumes before the oldest event of any frame it did not get."""
+    daemon = Daemon(DaemonConfig(max_frame=4096, outbound_cap=8192, subscription_buffer=50))
+    server_side, client_side = trio.testing.lockstep_stream_pair()  # no buffering at all
+    decoder = server_frame_decoder(Catalog())
+
+    async def receive() -> None:
+        decoder.feed(await client_side.receive_some(65536))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        nursery.start_soon(Connection(daemon, server_side, uid=0).serve)
+        await client_side.send_all(encode_frame(Hello(protocol=PROTOCOL_VERSION, client="t")))
+        await receive()  # welcome
+        subscribe = Subscribe(id=1, patterns=("stream.text.delta",), window_ms=0, deltas="raw")
+        await client_side.send_all(encode_frame(subscribe))
+        await trio.testing.wait_all_tasks_blocked()
+        for i in range(400):  # ~9 events fit a 4 KiB frame: batches span many frames
+            daemon.publish(TextDelta(message_id="m", text=f"{i} " + "x" * 400), session_id="s")
+            await trio.testing.wait_all_tasks_blocked()
+        assert daemon.counters.slow_consumer_disconnects == 1
+        frames: list[object] = []
+        with trio.fail_after(60):
+            while not any(isinstance(f, Goodbye) for f in frames):
+                await receive()
+                frames += list(decoder)
+        nursery.cancel_scope.cancel()
+    goodbye = frames[-1]
+    assert isinstance(goodbye, Goodbye)
+    assert goodbye.reason == "slow_consumer"
+    assert goodbye.resume_seq is not None
+    received = {e.seq for f in frames if isinstance(f, Events) for e in f.events}
+    published = [e.seq for e in daemon.history.since(0).envelopes if isinstance(e.event, TextDelta)]
+    # Everything up to resume_seq arrived: resuming after it loses nothing.
+    assert [s for s in published if s <= goodbye.resume_seq] == sorted(
+        s for s in received if s <= goodbye.resume_seq
+    )
+    assert goodbye.resume_seq < published[-1]
