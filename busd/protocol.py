@@ -182,7 +182,7 @@ ERROR_CODES: Mapping[str, str] = {
     HANDSHAKE_TIMEOUT: "no hello within the handshake timeout (fatal)",
     FORBIDDEN: "the peer's uid may not connect, or its role may not do this (fatal on connect)",
     TOO_MANY_CONNECTIONS: "the peer's uid already has the most connections allowed (fatal)",
-    SLOW_CONSUMER: "goodbye reason: the client's outbound queue passed limits.outbound_cap",
+    SLOW_CONSUMER: "goodbye reason: queue full (limits.outbound_cap) and a buffer overflowed",
     SHUTDOWN: "goodbye reason: the daemon is stopping",
     BYE: "goodbye reason: the answer to the client's bye",
     INTERNAL: "the server failed while handling a frame; the daemon stays up",
