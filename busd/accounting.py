@@ -158,6 +158,7 @@ class AccountingService:
         self.accountant = accountant if accountant is not None else Accountant()
         self._clock = clock
         self._wakeup = trio.Event()
+        self._sleeping_until = math.inf
         self._handle: Handle | None = None
 
     def _publish(self, derived: list[Derived]) -> None:
@@ -172,7 +173,11 @@ class AccountingService:
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
         self._publish(self.accountant.observe(envelope, self._clock()))
-        self._wakeup.set()
+        # Wake the loop only when it must now wake earlier than it planned: not
+        # a task switch per event.
+        wakeup = self.accountant.next_wakeup()
+        if wakeup is not None and wakeup < self._sleeping_until:
+            self._wakeup.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Observe the bus and tick until cancelled; owned by the caller's nursery."""
@@ -181,10 +186,11 @@ class AccountingService:
             task_status.started()
             while True:
                 wakeup = self.accountant.next_wakeup()
-                deadline = math.inf if wakeup is None else wakeup
-                with trio.move_on_at(deadline):
+                self._sleeping_until = math.inf if wakeup is None else wakeup
+                with trio.move_on_at(self._sleeping_until):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
+                self._sleeping_until = -math.inf  # awake: events need not wake us
                 self._publish(self.accountant.tick(self._clock()))
         finally:
             self._handle.unsubscribe()
