@@ -1,0 +1,258 @@
+"""The frontend model: what every UI shows, folded once from the stream."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from busd.events import (
+    AgentComplete,
+    AgentStart,
+    ContextBreakdown,
+    ContextUsage,
+    Envelope,
+    Event,
+    PermissionOption,
+    PermissionRequested,
+    PermissionResolved,
+    RunFinished,
+    RunStarted,
+    SessionIdle,
+    SessionStart,
+    StreamingStats,
+    TextComplete,
+    TextDelta,
+    ThinkingComplete,
+    ThinkingDelta,
+    TokenUsage,
+    ToolComplete,
+    ToolStart,
+    ToolTimeout,
+)
+from busd.view import (
+    AgentBlock,
+    NoticeBlock,
+    PermissionBlock,
+    PromptBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolBlock,
+    Views,
+)
+
+T0 = 1_700_000_000.0
+
+
+class Feed:
+    """Envelopes for one session, with accept times chosen by the test."""
+
+    def __init__(self, session: str = "s1") -> None:
+        self.views = Views()
+        self.session = session
+        self.seq = itertools.count(1)
+
+    def __call__(self, at: float, event: Event, *, agent: str | None = None, **fields: Any) -> None:
+        envelope: Envelope[Event] = Envelope(
+            next(self.seq), T0 + at, event, session_id=self.session, agent_id=agent, **fields
+        )
+        self.views.apply(envelope)
+
+    @property
+    def view(self) -> Any:
+        return self.views.sessions[self.session]
+
+
+def test_text_deltas_fold_and_the_complete_text_wins() -> None:
+    feed = Feed()
+    feed(0, TextDelta(message_id="m1", text="Hel"))
+    feed(0.1, TextDelta(message_id="m1", text="lo"))
+    (block,) = feed.view.main.blocks
+    assert block == TextBlock(message_id="m1", text="Hello")
+    feed(0.2, TextComplete(message_id="m1", text="Hello!"))
+    assert feed.view.main.blocks == [TextBlock(message_id="m1", text="Hello!", done=True)]
+
+
+def test_text_after_a_tool_is_a_new_block_of_the_same_message() -> None:
+    feed = Feed()
+    feed(0, TextDelta(message_id="m1", text="Let me look."))
+    feed(0.1, TextComplete(message_id="m1", text="Let me look."))
+    feed(0.2, ToolStart(tool_call_id="t1", name="Read"))
+    feed(0.3, TextDelta(message_id="m1", text="Found it."))
+    kinds = [type(b).__name__ for b in feed.view.main.blocks]
+    assert kinds == ["TextBlock", "ToolBlock", "TextBlock"]
+    assert feed.view.main.blocks[2].text == "Found it."
+
+
+def test_thinking_timer_runs_from_the_first_delta_and_stops_at_complete() -> None:
+    feed = Feed()
+    feed(1.0, ThinkingDelta(message_id="m1", text="hmm"))
+    (block,) = feed.view.main.blocks
+    assert isinstance(block, ThinkingBlock)
+    assert block.elapsed(T0 + 4.5) == pytest.approx(3.5)
+    feed(6.0, ThinkingComplete(message_id="m1", text="hmm, ok", signature="sig"))
+    assert block.done
+    assert block.text == "hmm, ok"
+    assert block.elapsed(T0 + 100) == pytest.approx(5.0)  # wall clock from first delta
+    feed(7.0, ThinkingComplete(message_id="m2", text="x", duration_s=2.25))
+    assert feed.view.main.blocks[-1].elapsed(T0 + 100) == 2.25  # the SDK's own figure wins
+
+
+def test_tool_status_and_duration() -> None:
+    feed = Feed()
+    feed(0, ToolStart(tool_call_id="t1", name="Bash", input={"command": "ls"}))
+    tool = feed.view.main.blocks[0]
+    assert isinstance(tool, ToolBlock)
+    assert tool.status == "running"
+    assert tool.elapsed(T0 + 2) == 2
+    feed(1.5, ToolComplete(tool_call_id="t1", status="error", error="exit 1", duration_s=1.25))
+    assert (tool.status, tool.duration_s, tool.error) == ("error", 1.25, "exit 1")
+    feed(2, ToolComplete(tool_call_id="t-unseen", name="Grep", output="x" * 5000))
+    late = feed.view.main.blocks[-1]
+    assert late.name == "Grep"
+    assert late.duration_s == 0
+    assert len(late.output) == 2000
+
+
+def test_tool_timeout_marks_the_tool_and_says_so() -> None:
+    feed = Feed()
+    feed(0, ToolStart(tool_call_id="t1", name="Bash"))
+    feed(61, ToolTimeout(tool_call_id="t1", name="Bash", limit_s=60, elapsed_s=61))
+    tool, notice = feed.view.main.blocks
+    assert tool.timed_out
+    assert notice == NoticeBlock(level="warning", text="Bash has run for 1m 01s (limit 1m 00s)")
+
+
+def test_sub_agents_nest_under_the_tool_that_spawned_them() -> None:
+    feed = Feed()
+    feed(0, ToolStart(tool_call_id="task1", name="Task"))
+    feed(0.1, AgentStart(agent_id="a1", name="explorer", tool_call_id="task1"))
+    feed(0.2, ToolStart(tool_call_id="t2", name="Grep"), agent="a1")
+    feed(0.3, TextDelta(message_id="m9", text="found"), agent="a1")
+    feed(0.4, AgentComplete(agent_id="a1", result="done"))
+    feed(0.5, AgentStart(agent_id="a2", name="loose"))
+    view = feed.view
+    task = view.main.blocks[0]
+    assert task.agents == ["a1"]
+    sub = view.agents["a1"]
+    assert (sub.name, sub.status, sub.result) == ("explorer", "ok", "done")
+    assert [type(b).__name__ for b in sub.blocks] == ["ToolBlock", "TextBlock"]
+    assert view.main.blocks[-1] == AgentBlock(agent_id="a2")
+    assert all(not isinstance(b, ToolBlock) or b.name != "Grep" for b in view.main.blocks)
+
+
+def test_permission_prompt_then_who_answered() -> None:
+    feed = Feed()
+    request = PermissionRequested(
+        request_id="r1",
+        tool="Bash",
+        input={"command": "rm -rf build"},
+        options=[PermissionOption(id="allow", kind="allow_once")],
+    )
+    feed(0, request, run_id="run1")
+    feed(0.1, request, run_id="run1")  # republished: still one prompt
+    (pending,) = feed.view.pending_permissions()
+    assert isinstance(pending, PermissionBlock)
+    assert pending.tool == "Bash"
+    feed(1, PermissionResolved(request_id="r1", outcome="allowed", by="watch@host:1"))
+    assert feed.view.pending_permissions() == []
+    assert (pending.state, pending.by) == ("allowed", "watch@host:1")
+    feed(2, PermissionResolved(request_id="r1", outcome="denied", by="late"))
+    assert (pending.state, pending.by) == ("allowed", "watch@host:1")  # the first answer stays
+
+
+def test_a_finished_run_cancels_its_pending_prompts() -> None:
+    feed = Feed()
+    feed(0, RunStarted(adapter="claude_code", prompt="hi"), run_id="run1")
+    feed(0.1, PermissionRequested(request_id="r1", tool="Bash"), run_id="run1")
+    feed(1, RunFinished(status="cancelled", duration_s=1), run_id="run1")
+    prompt, permission = feed.view.main.blocks
+    assert prompt == PromptBlock(text="hi", run_id="run1")
+    assert permission.state == "cancelled"
+    assert feed.view.run_status == "cancelled"
+
+
+def test_status_line_ticks_between_reports_and_stops_when_idle() -> None:
+    feed = Feed()
+    feed(0, SessionStart(model="claude-sonnet-4-5", title="t"))
+    feed(0, TextDelta(message_id="m", text="x"))
+    feed(
+        10,
+        StreamingStats(
+            elapsed_s=10, output_tokens=1234, output_estimated=True, thinking_s=3, thinking=True
+        ),
+    )
+    view = feed.view
+    assert view.status_line(T0 + 12.5) == "✶ Thinking… (12s · ↓ ~1.2k tokens · thought for 5s)"
+    assert view.summary_line() is None
+    feed(13, StreamingStats(elapsed_s=13, output_tokens=1400, thinking_s=5))
+    assert view.status_line(T0 + 14) == "✶ Working… (14s · ↓ 1.4k tokens · thought for 5s)"
+    feed(14, SessionIdle())
+    assert view.status_line(T0 + 100) is None
+    assert view.summary_line() == "✻ Worked for 13s · ↓ 1.4k tokens · thought for 5s"
+
+
+def test_the_finished_runs_exact_usage_wins_over_the_live_estimate() -> None:
+    feed = Feed()
+    feed(0, RunStarted(adapter="a"), run_id="r")
+    feed(5, StreamingStats(elapsed_s=5, output_tokens=900, output_estimated=True))
+    feed(
+        18,
+        RunFinished(
+            status="ok", duration_s=18.4, usage=TokenUsage(output_tokens=1437), thinking_s=5.9
+        ),
+        run_id="r",
+    )
+    assert feed.view.summary_line() == "✻ Worked for 18s · ↓ 1.4k tokens · thought for 5s"
+    assert feed.view.finished.usage.output_tokens == 1437
+
+
+def test_sub_agent_stats_do_not_replace_the_sessions() -> None:
+    feed = Feed()
+    feed(0, TextDelta(message_id="m", text="x"))
+    feed(1, StreamingStats(elapsed_s=1, output_tokens=10))
+    feed(2, StreamingStats(elapsed_s=2, output_tokens=99), agent="a1")
+    assert feed.view.stats.output_tokens == 10
+
+
+def test_context_line_and_snapshot_are_json() -> None:
+    feed = Feed()
+    feed(
+        0,
+        ContextUsage(
+            used=23_456,
+            window=200_000,
+            percent=11.7,
+            breakdown=ContextBreakdown(system=3100, tools=9800, messages=10_556, free=176_544),
+        ),
+    )
+    view = feed.view
+    assert view.context_line() == (
+        "context 23.4k / 200.0k (11%) · system 3.1k · tools 9.8k · messages 10.5k · free 176.5k"
+    )
+    data = json.loads(msgspec.json.encode(view.snapshot(T0 + 1)))
+    assert data["context"]["breakdown"]["free"] == 176_544
+    assert data["context_line"] == view.context_line()
+    assert data["session_id"] == "s1"
+    assert data["main"]["blocks"] == []
+
+
+def test_stale_and_sessionless_events_are_not_shown() -> None:
+    views = Views()
+    assert views.apply(Envelope(1, T0, TextDelta(message_id="m", text="x"))) is None
+    stale: Envelope[Event] = Envelope(
+        2, T0, TextDelta(message_id="m", text="x"), session_id="s", stale=True
+    )
+    assert views.apply(stale) is None
+    assert views.sessions == {}
+    changed = views.apply_all(
+        [
+            Envelope(3, T0, SessionStart(title="a"), session_id="a"),
+            Envelope(4, T0, SessionStart(title="b"), session_id="b"),
+        ]
+    )
+    assert changed == {"a", "b"}
+    assert list(views.sessions) == ["a", "b"]
