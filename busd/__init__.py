@@ -85,6 +85,7 @@ from .protocol import client_frame_decoder as client_frame_decoder
 from .protocol import encode_envelope as encode_envelope
 from .protocol import encode_frame as encode_frame
 from .protocol import server_frame_decoder as server_frame_decoder
+from .replay import ReplayDriver as ReplayDriver
 from .server import Server as Server
 from .sessions import SessionRegistry as SessionRegistry
 from .sessions import SessionSnapshot as SessionSnapshot
@@ -167,6 +168,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ProtocolError",
     "Replay",
+    "ReplayDriver",
     "RequestFailed",
     "resolve_socket_path",
     "Route",

@@ -493,12 +493,18 @@ class Client:
         permission_mode: str | None = None,
         max_turns: int | None = None,
         options: dict[str, Any] | None = None,
+        driver: str | None = None,
     ) -> dict[str, str]:
-        """Start a run; returns ``{"run_id", "session_id"}`` at once, events follow."""
+        """Start a run; returns ``{"run_id", "session_id"}`` at once, events follow.
+
+        ``driver`` defaults to the one named like ``adapter``; ``"replay"``
+        plays a recording (``options={"recording": ..., "speed": ...}``).
+        """
         result: dict[str, str] = await self.request(
             StartRun(
                 adapter=adapter,
                 prompt=prompt,
+                driver=driver,
                 session_id=session_id,
                 model=model,
                 system_prompt=system_prompt,

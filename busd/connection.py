@@ -478,6 +478,7 @@ class Connection:
                     permission_mode=command.permission_mode,
                     max_turns=command.max_turns,
                     options=command.options,
+                    driver=command.driver,
                 )
             except RunRejected as exc:
                 raise _Failed(exc.code, str(exc)) from None

@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from .events import PermissionRequested
+from .events import Event, PermissionRequested
 
 __all__ = ["Driver", "PermissionDecision", "RunContext", "RunRequest"]
 
@@ -68,12 +68,22 @@ class RunContext(Protocol):
     request: RunRequest
     run_id: str
 
-    def feed(self, raw: object) -> None:
-        """Translate one raw SDK event with the paired adapter and publish the result."""
+    def feed(self, raw: object) -> list[Event]:
+        """Translate one raw SDK event with the paired adapter and publish the result.
+
+        Returns the events published, as published: a permission event's
+        ``request_id`` is scoped to the run (``<run_id>/<the SDK's id>``), and
+        a resolution the daemon already published for its answer is left out.
+        A driver that needs to know what its SDK said (the replay driver
+        asks for the permissions it fed) reads them here; others ignore it.
+        """
         ...
 
     async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
-        """Publish the request (unless its id was already published) and wait for its answer."""
+        """Publish the request (unless its id was already published) and wait for its answer.
+
+        The request's id is the SDK's own, or already scoped as :meth:`feed` returns it.
+        """
         ...
 
     def set_sdk_session(self, sdk_session_id: str) -> None:

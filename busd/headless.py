@@ -340,6 +340,8 @@ class HeadlessRun(msgspec.Struct, frozen=True, kw_only=True):
 
     adapter: str
     prompt: str
+    driver: str | None = None
+    """``None``: the driver named like the adapter."""
     model: str | None = None
     session_id: str | None = None
     system_prompt: str | None = None
@@ -487,6 +489,7 @@ class _Follower:
             started = await self.client.start_run(
                 spec.adapter,
                 spec.prompt,
+                driver=spec.driver,
                 session_id=spec.session_id,
                 model=spec.model,
                 system_prompt=spec.system_prompt,

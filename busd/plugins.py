@@ -1,10 +1,12 @@
 """The plugin manager: a typed facade over pluggy, with isolation.
 
 Plugins load from the ``busd`` entry-point group; the built-in adapters are
-separate distributions registered through that same group. Two environment
-switches, as pytest and tox have them: ``BUSD_DISABLE_PLUGIN_AUTOLOAD`` (any
-non-empty value) loads no entry points, and ``BUSD_BLOCK_PLUGINS=a,b`` skips
-those names.
+separate distributions registered through that same group. What ships inside
+busd itself (:data:`BUILTIN_PLUGINS`: the ``replay`` driver) is registered by
+every manager as it is made, first, as pytest registers its own plugins. Two
+environment switches, as pytest and tox have them: ``BUSD_DISABLE_PLUGIN_AUTOLOAD``
+(any non-empty value) loads no entry points (built-in plugins stay), and
+``BUSD_BLOCK_PLUGINS=a,b`` skips those names, built-in ones included.
 
 Every hook call goes through :meth:`PluginManager._call`, which calls each
 implementation on its own: one that raises is logged, counted and reported
@@ -16,18 +18,20 @@ under.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
 import os
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import pluggy
 import trio
 
 from . import hookspecs
+from ._version import __version__
 from .adapters import Adapter
 from .drivers import Driver
 from .events import Envelope, Event, PermissionRequested
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
     from .daemon import Daemon
 
 __all__ = [
+    "BUILTIN_PLUGINS",
     "ENTRY_POINT_GROUP",
     "HookFailure",
     "PluginInfo",
@@ -48,6 +53,9 @@ logger = logging.getLogger("busd.plugins")
 ENTRY_POINT_GROUP = "busd"
 DISABLE_AUTOLOAD = "BUSD_DISABLE_PLUGIN_AUTOLOAD"
 BLOCK = "BUSD_BLOCK_PLUGINS"
+
+BUILTIN_PLUGINS: Final[Mapping[str, str]] = {"busd.replay": "busd.replay"}
+"""Plugin name to module, for the plugins that are part of busd (distribution ``busd``)."""
 
 
 class PluginInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +97,7 @@ class PluginManager:
         self.failures: list[HookFailure] = []
         self.slow_calls: list[tuple[str, str, float]] = []
         self._dists: dict[str, tuple[str | None, str | None]] = {}
+        self._register_builtins()
 
     # -- loading -------------------------------------------------------------------
 
@@ -124,6 +133,19 @@ class PluginManager:
                 dist.metadata["Name"] if dist is not None else None,
                 dist.version if dist is not None else None,
             )
+
+    def _register_builtins(self) -> None:
+        blocked = self.blocked
+        for name, module in BUILTIN_PLUGINS.items():
+            if name in blocked:
+                logger.info("built-in plugin %r blocked by %s", name, BLOCK)
+                continue
+            try:
+                self._pm.register(importlib.import_module(module), name=name)
+            except Exception as exc:
+                self._failed(name, "<load>", exc)
+                continue
+            self._dists[name] = ("busd", __version__)
 
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register a plugin object or module directly (tests, embedding)."""

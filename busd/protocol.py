@@ -65,6 +65,7 @@ __all__ = [
     "TOO_MANY_SUBSCRIPTIONS",
     "UNKNOWN_ADAPTER",
     "UNKNOWN_COMMAND",
+    "UNKNOWN_DRIVER",
     "UNKNOWN_FRAME",
     "UNKNOWN_REQUEST",
     "UNKNOWN_RUN",
@@ -146,6 +147,7 @@ TOO_MANY_CONNECTIONS = "too_many_connections"
 UNKNOWN_SESSION = "unknown_session"
 SEQ_AHEAD = "seq_ahead"
 UNKNOWN_ADAPTER = "unknown_adapter"
+UNKNOWN_DRIVER = "unknown_driver"
 SESSION_BUSY = "session_busy"
 UNKNOWN_RUN = "unknown_run"
 RUN_FINISHED = "run_finished"
@@ -170,7 +172,8 @@ ERROR_CODES: Mapping[str, str] = {
     UNKNOWN_SUBSCRIPTION: "unsubscribe of an id that is not live (ref: that id)",
     UNKNOWN_COMMAND: "request.command.cmd that the server does not know (reply error)",
     UNKNOWN_SDK: "ingest for an SDK no adapter handles",
-    UNKNOWN_ADAPTER: "start_run names no loaded driver (reply; the message lists them)",
+    UNKNOWN_ADAPTER: "start_run names no loaded adapter, or no driver by its name (reply)",
+    UNKNOWN_DRIVER: "start_run.driver names no loaded driver (reply; the message lists them)",
     SESSION_BUSY: "start_run on a session whose run is still in progress (reply)",
     UNKNOWN_RUN: "cancel_run of a run id this daemon never started (reply)",
     RUN_FINISHED: "cancel_run of a run that has already ended (reply, harmless)",
@@ -338,10 +341,15 @@ class Stats(Command, frozen=True, tag="stats"):
 
 
 class StartRun(Command, frozen=True, tag="start_run"):
-    """Run a prompt with a driver; the reply carries ``run_id`` and ``session_id`` at once."""
+    """Run a prompt with a driver; the reply carries ``run_id`` and ``session_id`` at once.
+
+    ``driver`` defaults to the driver named like ``adapter``; ``replay`` plays
+    a recording of that adapter's SDK instead (docs/runs.md).
+    """
 
     adapter: str
     prompt: str
+    driver: str | None = None
     session_id: str | None = None
     model: str | None = None
     system_prompt: str | None = None

@@ -1,6 +1,7 @@
 """Runs: busd driving an SDK itself, one run per session at a time.
 
-``start_run`` picks the driver named like the adapter, gives the run an id
+``start_run`` picks the driver it names, or the one named like the adapter
+(the built-in ``replay`` driver pairs with any adapter), gives the run an id
 and a session (a new one, or the session to continue), answers at once and
 runs the driver in the daemon's nursery. Every raw event the driver feeds is
 translated by the paired adapter and published with the run's id and busd's
@@ -92,6 +93,7 @@ class RunState:
             "run_id": self.run_id,
             "session_id": self.request.session_id,
             "adapter": self.request.adapter,
+            "driver": self.driver.name,
             "status": self.status,
             "started_by": self.started_by,
         }
@@ -106,15 +108,18 @@ class _Context:
         self.request = state.request
         self.run_id = state.run_id
 
-    def feed(self, raw: object) -> None:
-        self._manager._feed(self._state, self._state.translator.feed(raw, trio.current_time()))
+    def feed(self, raw: object) -> list[Event]:
+        state = self._state
+        return self._manager._feed(state, state.translator.feed(raw, trio.current_time()))
 
     async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
         state = self._state
         state.last_activity = trio.current_time()
-        scoped = msgspec.structs.replace(
-            request, request_id=scoped_request_id(state.run_id, request.request_id)
-        )
+        scoped = request
+        if not request.request_id.startswith(f"{state.run_id}/"):  # not as feed() returned it
+            scoped = msgspec.structs.replace(
+                request, request_id=scoped_request_id(state.run_id, request.request_id)
+            )
         state.waiting_for_people += 1
         try:
             decision = await self._manager.broker.request(
@@ -167,15 +172,28 @@ class RunManager:
         permission_mode: str | None = None,
         max_turns: int | None = None,
         options: dict[str, Any] | None = None,
+        driver: str | None = None,
     ) -> RunState:
-        """Validate and launch a run; returns at once (events follow on the bus)."""
-        driver = self.drivers.get(adapter)
-        if driver is None:
-            loaded = ", ".join(sorted(self.drivers)) or "none"
-            raise RunRejected("unknown_adapter", f"no driver {adapter!r} (loaded: {loaded})")
+        """Validate and launch a run; returns at once (events follow on the bus).
+
+        ``driver`` names the driver; by default it is the one named like the adapter.
+        """
+        loaded = ", ".join(sorted(self.drivers)) or "none"
+        if driver is not None:
+            chosen = self.drivers.get(driver)
+            if chosen is None:
+                raise RunRejected("unknown_driver", f"no driver {driver!r} (loaded: {loaded})")
+        else:
+            chosen = self.drivers.get(adapter)
+            if chosen is None:
+                raise RunRejected("unknown_adapter", f"no driver {adapter!r} (loaded: {loaded})")
         paired: Adapter | None = self.daemon.adapters.get(adapter)
         if paired is None:
-            raise RunRejected("unknown_adapter", f"driver {adapter!r} has no adapter to pair with")
+            adapters = ", ".join(sorted(self.daemon.adapters)) or "none"
+            raise RunRejected(
+                "unknown_adapter",
+                f"no adapter {adapter!r} to translate driver {chosen.name!r} (loaded: {adapters})",
+            )
         if session_id is not None and session_id in self._active_by_session:
             busy = self._active_by_session[session_id]
             raise RunRejected(
@@ -188,7 +206,7 @@ class RunManager:
             prompt=prompt,
             session_id=session,
             resume=self._sdk_sessions.get(session),
-            model=model or driver.default_model or None,
+            model=model or chosen.default_model or None,
             system_prompt=system_prompt,
             cwd=cwd,
             permission_mode=permission_mode,
@@ -200,7 +218,7 @@ class RunManager:
         state = RunState(
             run_id=run_id,
             request=request,
-            driver=driver,
+            driver=chosen,
             translator=paired.translator(session_id=session),
             started_by=started_by,
             started_at=now,
@@ -277,9 +295,11 @@ class RunManager:
                 state.scope.cancel()
                 return
 
-    def _feed(self, state: RunState, emitted: list[Any]) -> None:
+    def _feed(self, state: RunState, emitted: list[Any]) -> list[Event]:
+        """Publish what the adapter made of one raw event; returns the events published."""
         state.last_activity = trio.current_time()
         source = f"run/{state.request.adapter}"
+        published: list[Event] = []
         for item in emitted:
             event = item.event
             if type(event) is PermissionRequested or type(event) is PermissionResolved:
@@ -287,11 +307,14 @@ class RunManager:
                 if type(event) is PermissionResolved and self.broker.is_resolved(request_id):
                     continue  # the broker already published who decided
                 event = msgspec.structs.replace(event, request_id=request_id)
-            self.daemon.publish_emitted(
+            envelope = self.daemon.publish_emitted(
                 msgspec.structs.replace(item, event=event, session_id=state.request.session_id),
                 source=source,
                 run_id=state.run_id,
             )
+            if envelope is not None:
+                published.append(envelope.event)
+        return published
 
     def _finish(self, state: RunState, error: str | None) -> None:
         session = state.request.session_id

@@ -13,6 +13,7 @@ import trio
 from busd.catalog import Catalog
 from busd.daemon import Daemon, DaemonConfig
 from busd.endpoint import Endpoint
+from busd.plugins import PluginManager
 from busd.protocol import (
     PROTOCOL_VERSION,
     Frame,
@@ -26,10 +27,12 @@ from busd.server import Server
 
 
 @asynccontextmanager
-async def running_daemon(path: Path, config: DaemonConfig | None = None) -> AsyncIterator[Server]:
-    """A daemon serving ``path`` in this test's nursery."""
+async def running_daemon(
+    path: Path, config: DaemonConfig | None = None, *, plugins: PluginManager | None = None
+) -> AsyncIterator[Server]:
+    """A daemon serving ``path`` in this test's nursery (no entry-point plugins unless given)."""
     with Endpoint.bind(path) as endpoint:
-        daemon = Daemon(config, socket_path=str(path))
+        daemon = Daemon(config, socket_path=str(path), plugins=plugins)
         server = Server(daemon, endpoint.socket)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)

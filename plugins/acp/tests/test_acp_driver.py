@@ -65,10 +65,12 @@ class ScriptedContext:
         self.asking = trio.Event()
         self.sdk_sessions: list[str] = []
 
-    def feed(self, raw: object) -> None:
+    def feed(self, raw: object) -> list[Event]:
         assert isinstance(raw, dict)
         self.raw.append(raw)
-        self.emitted += self.translator.feed(raw, trio.current_time())
+        emitted = self.translator.feed(raw, trio.current_time())
+        self.emitted += emitted
+        return [e.event for e in emitted]
 
     async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
         self.asked.append(request)

@@ -17,6 +17,7 @@ from fake_anthropic import FakeMessagesAPI
 from busd.adapters import Emitted
 from busd.drivers import Driver, PermissionDecision, RunContext, RunRequest
 from busd.events import (
+    Event,
     PermissionRequested,
     SessionError,
     SessionIdle,
@@ -53,11 +54,13 @@ class RecordingContext:
         self.fed_enough = trio.Event()
         """Set when ``wait_for`` raw events have been fed."""
 
-    def feed(self, raw: object) -> None:
+    def feed(self, raw: object) -> list[Event]:
         self.raw.append(raw)
-        self.emitted += self.translator.feed(raw, len(self.raw) * 0.1)
+        emitted = self.translator.feed(raw, len(self.raw) * 0.1)
+        self.emitted += emitted
         if len(self.raw) == self.wait_for:
             self.fed_enough.set()
+        return [e.event for e in emitted]
 
     async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
         raise AssertionError("the Messages API has no permission requests")

@@ -70,11 +70,13 @@ class Context:
         self.sdk_sessions: list[str] = []
         self.on_feed: Callable[[Any], None] | None = None
 
-    def feed(self, raw: object) -> None:
+    def feed(self, raw: object) -> list[Event]:
         self.raw.append(raw)
-        self.timeline += [e.event for e in self.translator.feed(raw, trio.current_time())]
+        events = [e.event for e in self.translator.feed(raw, trio.current_time())]
+        self.timeline += events
         if self.on_feed is not None:
             self.on_feed(raw)
+        return events
 
     async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
         self.asked.append(request)

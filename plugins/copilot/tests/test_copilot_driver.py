@@ -74,12 +74,14 @@ class ScriptedContext:
         self.asking = trio.Event()
         self._translator = CopilotAdapter().translator(session_id=request.session_id)
 
-    def feed(self, raw: object) -> None:
+    def feed(self, raw: object) -> list[Event]:
         trio.lowlevel.current_task()  # fed in Trio, never on the SDK's threads
         self.raws.append(raw)
-        for item in self._translator.feed(raw, trio.current_time()):
-            self.events.append(item.event)
-            self.seen[type(item.event)].set()
+        events = [item.event for item in self._translator.feed(raw, trio.current_time())]
+        for event in events:
+            self.events.append(event)
+            self.seen[type(event)].set()
+        return events
 
     async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
         """The next scripted answer; ``None`` is nobody answering."""
