@@ -65,20 +65,45 @@ def catalog(fmt: str) -> None:
     type=click.FloatRange(min=0),
     default=1.0,
     show_default=True,
-    help="Replay speed: 2 is twice as fast, 0 is instant (durations stay the recorded ones).",
+    help="Replay speed: 2 is twice as fast, 0 is as fast as it goes.",
 )
+@click.option("--plain", is_flag=True, help="Log lines instead of the live screen.")
 @click.option(
-    "--window-ms",
-    type=click.IntRange(min=0, max=10_000),
-    default=16,
-    show_default=True,
-    help="The frontend's coalescing window (0: every event in its own frame).",
+    "--yes/--ask",
+    "auto_approve",
+    default=None,
+    help="Answer permission requests automatically (default: ask when at a terminal).",
 )
-def demo(speed: float, window_ms: int) -> None:
-    """Replay a recorded agent session through bus, correlation, coalescing and accounting."""
-    from .demo import run_demo
+@click.option("--keep", is_flag=True, help="Keep serving after the runs end (until Ctrl-C).")
+@click.option(
+    "--only",
+    "names",
+    multiple=True,
+    type=click.Choice(["claude_code", "copilot", "opencode", "acp"]),
+    help="Replay only this recording (repeatable; default: all four).",
+)
+def demo(
+    speed: float, plain: bool, auto_approve: bool | None, keep: bool, names: tuple[str, ...]
+) -> None:
+    """Start a daemon, replay recorded agent runs through it, and watch them."""
+    from .demo import BUNDLED, default_interactive, run_demo
 
-    run_demo(lambda text: click.echo(text, nl=False), speed=speed, window=window_ms / 1000)
+    interactive = default_interactive() and not plain
+    try:
+        code = trio.run(
+            partial(
+                run_demo,
+                lambda text: click.echo(text, nl=False),
+                speed=speed,
+                plain=plain,
+                auto_approve=not interactive if auto_approve is None else auto_approve,
+                keep=keep,
+                names=names or BUNDLED,
+            )
+        )
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(code)
 
 
 # -- the daemon and its clients ----------------------------------------------
@@ -326,6 +351,64 @@ def tail(
     _run_client(run)
 
 
+@main.command()
+@socket_option
+@click.option("--session", "sessions", multiple=True, help="Only this session (repeatable).")
+@click.option("--plain", is_flag=True, help="Log lines, no screen, no keys (default when piped).")
+@click.option("--name", default=None, help="Client name, the `by` of answers [watch@host:pid].")
+@click.option("--exit-when-idle", is_flag=True, help="Exit 0 once every session shown is at rest.")
+def watch(
+    socket_path: Path | None,
+    sessions: tuple[str, ...],
+    plain: bool,
+    name: str | None,
+    exit_when_idle: bool,
+) -> None:
+    """Show the sessions live: text, thinking, tools, sub-agents, permission prompts, usage."""
+    from .watch import default_name
+    from .watch import watch as run_watch
+
+    path = _socket(socket_path)
+    _run_client(
+        partial(
+            run_watch,
+            path,
+            name=name or default_name(),
+            sessions=sessions,
+            plain=plain or not sys.stdout.isatty(),
+            exit_when_idle=exit_when_idle,
+        )
+    )
+
+
+@main.command()
+@socket_option
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (the page still wants the token from the printed URL).",
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=0, help="Port (default 0: a free one)."
+)
+@click.option("--name", default=None, help="Client name, the `by` of answers [web@host:pid].")
+def web(socket_path: Path | None, host: str, port: int, name: str | None) -> None:
+    """Serve the sessions to browsers: prints the URL to open (with its access token)."""
+    from .web import run_web
+
+    logging.basicConfig(level="WARNING", format="busd: %(name)s: %(message)s")
+    path = _socket(socket_path)
+
+    def ready(url: str) -> None:
+        click.echo(f"busd web: open {url}")
+
+    try:
+        _run_client(partial(run_web, path, host=host, port=port, name=name, on_ready=ready))
+    except OSError as exc:  # the address is taken or cannot be bound
+        _fail(f"cannot listen on {host}:{port}: {exc}")
+
+
 def _parse_field(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -406,17 +489,19 @@ def status(socket_path: Path | None, as_json: bool) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="As JSON.")
 def plugins(as_json: bool) -> None:
-    """List the plugins busd loads (entry-point group `busd`), their hooks and adapters."""
+    """List the plugins busd loads (its own and group `busd`), hooks, adapters, drivers."""
     manager = PluginManager()
     manager.load_entry_points()
     infos = manager.plugins()
     adapters = manager.adapters()
+    drivers = manager.drivers()
     if as_json:
         click.echo(
             msgspec.json.encode(
                 {
                     "plugins": infos,
                     "adapters": sorted(adapters),
+                    "drivers": sorted(drivers),
                     "failures": manager.failures,
                     "autoload_disabled": manager.autoload_disabled,
                     "blocked": sorted(manager.blocked),
@@ -431,6 +516,8 @@ def plugins(as_json: bool) -> None:
         click.echo(f"{info.name:<16} {dist:<28} {', '.join(info.hooks)}")
     if adapters:
         click.echo(f"adapters: {', '.join(sorted(adapters))}")
+    if drivers:
+        click.echo(f"drivers:  {', '.join(sorted(drivers))}")
     for failure in manager.failures:
         click.echo(f"FAILED {failure.plugin}: {failure.hook}: {failure.error}", err=True)
 
@@ -501,7 +588,12 @@ def ingest(
 @main.command("run")
 @socket_option
 @click.argument("prompt")
-@click.option("--adapter", required=True, help="The driver to run with (see `busd plugins`).")
+@click.option("--adapter", required=True, help="The SDK's adapter (see `busd plugins`).")
+@click.option(
+    "--driver",
+    default=None,
+    help="The driver (default: the adapter's own; `replay` plays --option recording=...).",
+)
 @click.option("--model", default=None, help="The model (default: the driver's own).")
 @click.option(
     "--json", "fmt", flag_value="json", help="JSON Lines of envelopes (default when piped)."
@@ -555,6 +647,7 @@ def run_command(
     socket_path: Path | None,
     prompt: str,
     adapter: str,
+    driver: str | None,
     model: str | None,
     fmt: str | None,
     allow: tuple[str, ...],
@@ -589,6 +682,7 @@ def run_command(
     spec = HeadlessRun(
         adapter=adapter,
         prompt=prompt,
+        driver=driver,
         model=model,
         session_id=session,
         system_prompt=system_prompt,

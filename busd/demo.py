@@ -1,230 +1,169 @@
-"""``busd demo``: a recorded session through the whole core, in one process.
+"""``busd demo``: a daemon, four recorded agent runs and a watcher, in one process.
 
-The replay publishes the bundled session (``busd/data/demo_session.jsonl``)
-through correlation and the bus; the accountant derives stats, context and
-tool metrics; a coalescing batch dispatcher plays the part of an attached
-frontend and renders what it receives. Time is Trio's ``MockClock`` running
-at ``speed`` times real time (``speed=0``: instantly, in virtual time), so
-every duration shown is the recorded one whatever the speed.
+The demo starts a real daemon on a temporary socket, starts one run per
+bundled recording (Claude Code, Copilot, OpenCode, ACP) with the built-in
+``replay`` driver, which plays each SDK's raw stream through its real adapter
+with the recorded timing, and attaches ``busd watch`` to it over the socket,
+like any other frontend. Other frontends (``busd watch``, ``busd web``,
+``busd tail``) can attach to the same socket while it runs; it prints how.
+
+Permission requests in the recordings wait for an answer, as a live agent's
+would: at a terminal the person watching answers them; otherwise (or with
+``--yes``) the demo answers them itself, as a separate client named
+``busd-demo (auto-approve)``, so the run can finish unattended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+import os
+import signal
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import resources
-from typing import Generic
+from pathlib import Path
 
-import msgspec
 import trio
-import trio.testing
 
-from .accounting import Accountant, AccountingService
-from .batching import BatchDispatcher
-from .bus import Bus
-from .catalog import Catalog
-from .correlation import Correlator
-from .events import (
-    ContextUsage,
-    E,
-    Envelope,
-    Event,
-    RunFinished,
-    RunStarted,
-    SessionStart,
-    StreamingStats,
-    TextComplete,
-    TextDelta,
-    ThinkingComplete,
-    ThinkingDelta,
-    TokenUsage,
-    ToolComplete,
-    ToolStart,
-    Usage,
-)
-from .humanize import format_duration, format_tokens, status_line, summary_line
+from .client import ConnectionLost, RequestFailed, connect
+from .daemon import Daemon, DaemonConfig
+from .endpoint import Endpoint
+from .events import PermissionRequested
+from .plugins import PluginManager
+from .server import Server
+from .watch import watch
 
-__all__ = ["Recorded", "load_recording", "run_demo"]
+__all__ = ["BUNDLED", "DemoRun", "bundled_recordings", "run_demo"]
+
+BUNDLED = ("claude_code", "copilot", "opencode", "acp")
+"""The recordings in ``busd/data/recordings``, in the order the demo starts them."""
+
+AUTO_APPROVER = "busd-demo (auto-approve)"
 
 Echo = Callable[[str], None]
 
 
-class Recorded(msgspec.Struct, Generic[E], frozen=True):
-    """One line of a recording: an event, its offset in seconds, its envelope fields."""
+@dataclass(frozen=True)
+class DemoRun:
+    """One bundled recording: which adapter reads it and what it was asked."""
 
-    at: float
-    event: E
-    session_id: str | None = None
-    agent_id: str | None = None
-
-
-def load_recording(text: str, catalog: Catalog | None = None) -> Iterator[Recorded[Event]]:
-    """Decode a JSON Lines recording; a bad line raises ``msgspec.ValidationError``."""
-    union = (catalog if catalog is not None else Catalog()).union()
-    decoder = msgspec.json.Decoder(Recorded[union])  # type: ignore[valid-type]
-    for line in text.splitlines():
-        if line.strip():
-            yield decoder.decode(line)
+    name: str
+    adapter: str
+    title: str
+    prompt: str
 
 
-def _window_for(model: str) -> int | None:
-    return 200_000 if model.startswith("claude") else None
-
-
-@dataclass
-class _Screen:
-    """Renders batches the way a plain terminal frontend would."""
-
-    echo: Echo
-    in_text: bool = False
-    thinking: set[str] = field(default_factory=set)
-    events: int = 0
-    frames: int = 0
-    last_stats: StreamingStats | None = None
-    last_shown: str = ""
-    last_usage: Usage | None = None
-    last_context: ContextUsage | None = None
-    finished: RunFinished | None = None
-
-    def line(self, text: str) -> None:
-        if self.in_text:
-            self.echo("\n")
-            self.in_text = False
-        self.echo(text + "\n")
-
-    async def send(self, batch: list[Envelope[Event]]) -> None:
-        self.frames += 1
-        for envelope in batch:
-            self.events += 1
-            self.show(envelope.event)
-
-    def show(self, event: Event) -> None:
-        if isinstance(event, SessionStart):
-            self.line(f"● {event.title or 'session'} · {event.model or 'unknown model'}")
-        elif isinstance(event, ThinkingDelta):
-            if event.message_id not in self.thinking:
-                self.thinking.add(event.message_id)
-                self.line("✶ Thinking…")
-        elif isinstance(event, ThinkingComplete):
-            took = f" for {format_duration(event.duration_s)}" if event.duration_s else ""
-            self.line(f"  ⎿ thought{took} (collapsed, {len(event.text)} chars)")
-        elif isinstance(event, TextDelta):
-            if not self.in_text:
-                self.echo("⏺ ")
-                self.in_text = True
-            self.echo(event.text)
-        elif isinstance(event, TextComplete):
-            if self.in_text:
-                self.echo("\n")
-                self.in_text = False
-        elif isinstance(event, ToolStart):
-            args = json.dumps(event.input, ensure_ascii=False)
-            self.line(f"⏺ {event.name}({args})")
-        elif isinstance(event, ToolComplete):
-            took = f" in {format_duration(event.duration_s)}" if event.duration_s else ""
-            self.line(f"  ⎿ {event.status}{took}: {event.output or event.error or ''}")
-        elif isinstance(event, StreamingStats):
-            self.last_stats = event
-            shown = status_line(event)
-            if event.thinking and shown != self.last_shown:
-                self.last_shown = shown
-                self.line("  " + shown)
-        elif isinstance(event, Usage):
-            self.last_usage = event
-        elif isinstance(event, ContextUsage):
-            self.last_context = event
-        elif isinstance(event, RunFinished):
-            self.finished = event
-
-
-async def _replay(
-    rows: list[Recorded[Event]], echo: Echo, *, window: float, run_id: str = "run-demo"
-) -> _Screen:
-    bus = Bus()
-    correlator = Correlator()
-    accountant = Accountant(window_for=_window_for, tool_timeout_s=60.0)
-    screen = _Screen(echo)
-    frontend = BatchDispatcher(screen.send, window=window)
-    bus.on_all(frontend.add)
-    session_ids = {row.session_id for row in rows if row.session_id}
-
-    def publish(event: Event, session_id: str | None, agent_id: str | None = None) -> None:
-        route = correlator.route(event, session_id=session_id, run_id=run_id, agent_id=agent_id)
-        bus.publish(
-            event,
-            session_id=session_id,
-            run_id=route.run_id,
-            agent_id=route.agent_id,
-            source="busd.demo",
-            stale=route.stale,
-        )
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(frontend.run)
-        await nursery.start(AccountingService(bus, accountant).run)
-        start = trio.current_time()
-        for session_id in session_ids:
-            correlator.start_run(run_id, session_id=session_id)
-            publish(RunStarted(adapter="recording", prompt="What's the weather in SF?"), session_id)
-        for row in rows:
-            await trio.sleep_until(start + row.at)
-            publish(row.event, row.session_id, row.agent_id)
-        end = trio.current_time()
-        for session_id in session_ids:
-            stats = accountant.session_stats(session_id, end)
-            usage = screen.last_usage.tokens if screen.last_usage else None
-            publish(
-                RunFinished(
-                    status="ok",
-                    duration_s=end - start,
-                    usage=usage if usage is not None else TokenUsage(),
-                    thinking_s=stats.thinking_s if stats else 0.0,
-                    tools=accountant.tools.metrics(),
-                    context=screen.last_context,
-                ),
-                session_id,
+def bundled_recordings(names: Sequence[str] = BUNDLED) -> list[DemoRun]:
+    """The headers of the bundled recordings (their first line)."""
+    runs = []
+    folder = resources.files("busd") / "data" / "recordings"
+    for name in names:
+        with (folder / f"{name}.jsonl").open("r", encoding="utf-8") as file:
+            header = json.loads(file.readline())
+        runs.append(
+            DemoRun(
+                name=name,
+                adapter=header["adapter"],
+                title=header.get("title", name),
+                prompt=header.get("prompt", ""),
             )
-            correlator.end_run(run_id, "ok")
-        await frontend.aclose()
-        nursery.cancel_scope.cancel()
-    return screen
+        )
+    return runs
 
 
-def _report(screen: _Screen, echo: Echo, window: float) -> None:
-    if screen.last_stats is not None:
-        echo(summary_line(screen.last_stats) + "\n")
-    finished = screen.finished
-    if finished is not None:
-        u = finished.usage
-        cost = "unknown" if u.cost_usd is None else f"${u.cost_usd:.4f}"
+async def _auto_approve(path: Path, *, task_status: trio.TaskStatus[None]) -> None:
+    """Answer every permission request with its first allowing option, until goodbye."""
+    with contextlib.suppress(ConnectionLost):
+        await _approve_all(path, task_status=task_status)
+
+
+async def _approve_all(path: Path, *, task_status: trio.TaskStatus[None]) -> None:
+    async with (
+        connect(path, client=AUTO_APPROVER, role="responder") as client,
+        client.subscribe(["stream.permission.requested"], since_seq=0, window_ms=0) as sub,
+    ):
+        task_status.started()
+        async for batch in sub:
+            for envelope in batch.events:
+                event = envelope.event
+                if isinstance(event, PermissionRequested) and envelope.run_id is not None:
+                    allow = next((o for o in event.options if o.kind == "allow_once"), None)
+                    with contextlib.suppress(RequestFailed):  # someone else answered first
+                        await client.reply_permission(
+                            event.request_id,
+                            option_id=allow.id if allow is not None else None,
+                            allow=None if allow is not None else True,
+                        )
+
+
+async def run_demo(
+    echo: Echo,
+    *,
+    speed: float = 1.0,
+    plain: bool = False,
+    auto_approve: bool = False,
+    keep: bool = False,
+    names: Sequence[str] = BUNDLED,
+    socket_dir: Path | None = None,
+) -> int:
+    """Serve, replay ``names`` and watch them; returns the exit status."""
+    plugins = PluginManager()
+    plugins.load_entry_points()
+    daemon = Daemon(DaemonConfig(), plugins=plugins)
+    runs = bundled_recordings(names)
+    missing = sorted({run.adapter for run in runs} - set(daemon.adapters))
+    if missing:
         echo(
-            f"  usage: input {u.input_tokens} · output {u.output_tokens} · "
-            f"cache read {u.cache_read_tokens} · cost {cost}\n"
+            f"busd demo: no adapter plugin for {', '.join(missing)}; install the built-in "
+            "adapters with `pip install -r requirements.txt` from a clone of busd\n"
         )
-        for tool in finished.tools:
-            echo(
-                f"  tool {tool.name}: {tool.calls} call(s), {tool.errors} error(s), "
-                f"mean {tool.mean_s:.1f}s\n"
-            )
-        context = finished.context
-        if context is not None and context.window:
-            echo(
-                f"  context: {format_tokens(context.used)} of {format_tokens(context.window)}"
-                f" ({context.percent or 0:.1f}%){' ~estimated' if context.estimated else ''}\n"
-            )
-    echo(
-        f"  delivery: {screen.events} events in {screen.frames} frames "
-        f"(coalescing window {window * 1000:.0f} ms)\n"
-    )
+        return 1
+    with tempfile.TemporaryDirectory(prefix="busd-demo-", dir=socket_dir) as tmp:
+        path = Path(tmp) / "bus.sock"
+        with Endpoint.bind(path) as endpoint:
+            daemon.socket_path = str(path)
+            server = Server(daemon, endpoint.socket)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.run)
+                echo(_attach_help(path, keep=keep))
+                if auto_approve:
+                    await nursery.start(_auto_approve, path)
+                async with connect(path, client="busd-demo") as client:
+                    for run in runs:
+                        await client.start_run(
+                            run.adapter,
+                            run.prompt,
+                            session_id=f"demo-{run.name}",
+                            driver="replay",
+                            options={"recording": run.name, "speed": speed},
+                        )
+                code = await watch(path, plain=plain, exit_when_idle=True, name="busd-demo watch")
+                if keep and code == 0:
+                    echo(f"busd demo: still serving on {path}; Ctrl-C to stop\n")
+                    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                        async for _ in signals:
+                            break
+                await server.shutdown("demo over")
+                nursery.cancel_scope.cancel()
+    return code
 
 
-def run_demo(echo: Echo, *, speed: float = 1.0, window: float = 0.016) -> None:
-    """Replay the bundled session; ``speed`` scales time, 0 means instantly."""
-    text = (resources.files("busd") / "data" / "demo_session.jsonl").read_text("utf-8")
-    rows = list(load_recording(text))
-    clock = trio.testing.MockClock(rate=speed) if speed > 0 else trio.testing.MockClock()
-    if speed == 0:
-        clock.autojump_threshold = 0
-    screen = trio.run(lambda: _replay(rows, echo, window=window), clock=clock)
-    _report(screen, echo, window)
+def _attach_help(path: Path, *, keep: bool) -> str:
+    env = f"BUSD_SOCKET={path}"
+    lines = [
+        f"busd demo: a daemon on {path}, replaying {len(BUNDLED)} recorded agent runs.",
+        "Attach more frontends to it from another terminal:",
+        f"  {env} busd watch",
+        f"  {env} busd web",
+        f"  {env} busd tail --pretty",
+    ]
+    if not keep:
+        lines.append("(the demo ends when the runs do; `busd demo --keep` keeps it serving)")
+    return "\n".join(lines) + "\n\n"
+
+
+def default_interactive() -> bool:
+    """A person is watching: both ends of the terminal are a tty."""
+    return os.isatty(0) and os.isatty(1)

@@ -71,6 +71,11 @@ OUTPUT_LIMIT = 2000
 """Characters of a tool's output a view keeps (the tail; the rest is on the bus)."""
 
 
+EXTRAPOLATE_LIMIT = 1.0
+"""Seconds a live figure runs ahead of the last report (the daemon reports 4 times a
+second while a session works; a silent daemon must not let a timer run away)."""
+
+
 class _Block(msgspec.Struct, kw_only=True, tag_field="kind"):
     pass
 
@@ -188,7 +193,7 @@ class SessionView(msgspec.Struct, kw_only=True):
         stats = self.stats
         if stats is None or not self.busy:
             return stats
-        ahead = max(0.0, now - self.stats_ts)
+        ahead = min(max(0.0, now - self.stats_ts), EXTRAPOLATE_LIMIT)
         return msgspec.structs.replace(
             stats,
             elapsed_s=stats.elapsed_s + ahead,
@@ -283,6 +288,12 @@ class SessionView(msgspec.Struct, kw_only=True):
         return None
 
     def apply(self, envelope: Envelope[Event]) -> None:
+        was_busy = self.busy
+        self._apply(envelope)
+        if self.busy and not was_busy:
+            self.stats_ts = envelope.ts  # busy time resumes now, not at the last report
+
+    def _apply(self, envelope: Envelope[Event]) -> None:
         self.last_seq = envelope.seq
         event = envelope.event
         ts = envelope.ts

@@ -1,71 +1,118 @@
+"""``busd demo``: a real daemon, four recorded runs, a watcher, as a person runs it."""
+
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from functools import partial
 from importlib import resources
+from pathlib import Path
 
-import msgspec
-import pytest
-from click.testing import CliRunner
+import trio
 
-from busd.cli import main
-from busd.demo import load_recording
-from busd.events import TextDelta, Usage
+from busd.demo import BUNDLED, bundled_recordings
 
+BUSD = [sys.executable, "-m", "busd"]
+DEADLINE = 60.0
+UNTIL_FINISHED = ("--until", "busd.run.finished", "--timeout", "30")
 
-def test_demo_replays_the_recording_with_exact_derived_numbers() -> None:
-    result = CliRunner().invoke(main, ["demo", "--speed", "0"])
-    assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
-    assert lines[0] == "● Weather in San Francisco · claude-sonnet-4-5-20250929"
-    assert "⏺ I'll check the weather for you." in lines
-    assert '⏺ get_weather({"location": "San Francisco, CA"})' in lines
-    # The thinking timer ticked while thinking was in progress, with estimated counts.
-    ticking = [line for line in lines if line.startswith("  ✶ Thinking… (")]
-    assert len(ticking) >= 3
-    assert all("~" in line for line in ticking)
-    # Authoritative figures at the end: output 136 (cumulative, never summed),
-    # the recorded thinking duration, one tool call of 1.4 s.
-    assert "✻ Worked for 6s · ↓ 136 tokens · thought for 2s" in lines
-    assert "  usage: input 300 · output 136 · cache read 0 · cost unknown" in lines
-    assert "  tool get_weather: 1 call(s), 0 error(s), mean 1.4s" in lines
+# What each recorded run ends with: the provider's exact output count
+# (tests/fixtures/sdk/README.md); ACP reports no output tokens.
+SUMMARIES = {
+    "claude_code": "↓ 231 tokens",
+    "copilot": "↓ 110 tokens",
+    "opencode": "↓ 161 tokens",
+    "acp": "✻ Worked for",
+}
 
 
-def test_a_wider_window_coalesces_into_fewer_frames_without_losing_text() -> None:
-    def frames(window_ms: int) -> tuple[int, str]:
-        result = CliRunner().invoke(main, ["demo", "--speed", "0", "--window-ms", str(window_ms)])
-        assert result.exit_code == 0, result.output
-        delivery = next(line for line in result.output.splitlines() if "delivery:" in line)
-        return int(delivery.split(" events in ")[1].split()[0]), result.output
-
-    immediate, raw_output = frames(0)
-    coalesced, coalesced_output = frames(1000)
-    assert coalesced < immediate
-    answer = "⏺ It's 58°F and sunny in San Francisco right now — a light jacket should do."
-    assert answer in raw_output.splitlines()
-    assert answer in coalesced_output.splitlines()
-
-
-def test_the_bundled_recording_is_valid_catalog_json_lines() -> None:
-    text = (resources.files("busd") / "data" / "demo_session.jsonl").read_text("utf-8")
-    rows = list(load_recording(text))
-    assert [row.at for row in rows] == sorted(row.at for row in rows)
-    assert (
-        "".join(
-            row.event.text
-            for row in rows
-            if isinstance(row.event, TextDelta) and row.event.message_id == "msg_02"
-        )
-        == "It's 58°F and sunny in San Francisco right now — a light jacket should do."
+def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*BUSD, "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        env={**os.environ, **(env or {})},
+        check=False,
     )
-    usages = [row.event.tokens.output_tokens for row in rows if isinstance(row.event, Usage)]
-    assert usages == [112, 136]
 
 
-def test_a_recording_line_that_is_not_a_catalog_event_is_rejected() -> None:
-    with pytest.raises(msgspec.ValidationError, match=r"stream\.nope"):
-        list(load_recording('{"at": 0, "event": {"type": "stream.nope"}}'))
+def test_the_demo_plays_every_recording_to_its_exact_summary() -> None:
+    result = run_demo("--speed", "0", "--plain")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("busd demo: a daemon on ")
+    assert any(re.fullmatch(r"  BUSD_SOCKET=\S+/bus\.sock busd web", line) for line in lines)
+    for name, summary in SUMMARIES.items():
+        tag = f"[demo-{name}] "
+        mine = [line.removeprefix(tag) for line in lines if line.startswith(tag)]
+        assert mine, f"nothing shown for {name}"
+        finals = [line for line in mine if line.startswith("✻ Worked for")]
+        assert len(finals) == 1, mine
+        assert summary in finals[0], mine
+    # Nobody was at the terminal: the demo's own responder answered, and said so.
+    approvals = [line for line in lines if "✓ allowed by busd-demo (auto-approve)" in line]
+    assert {line.split("]")[0] + "]" for line in approvals} == {f"[demo-{n}]" for n in BUNDLED}
 
 
-def test_demo_refuses_a_negative_speed() -> None:
-    result = CliRunner().invoke(main, ["demo", "--speed", "-1"])
-    assert result.exit_code == 2
-    assert "--speed" in result.output
+def test_one_recording_only() -> None:
+    result = run_demo("--speed", "0", "--plain", "--only", "copilot")
+    assert result.returncode == 0, result.stderr
+    tags = {line.split("]")[0] for line in result.stdout.splitlines() if line.startswith("[")}
+    assert tags == {"[demo-copilot"}
+
+
+def test_without_the_adapter_plugins_the_demo_says_what_to_install() -> None:
+    result = run_demo("--speed", "0", env={"BUSD_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert result.returncode == 1
+    assert "no adapter plugin for" in result.stdout
+    assert "pip install -r requirements.txt" in result.stdout
+
+
+async def test_other_frontends_attach_to_the_demo_daemon() -> None:
+    """The printed instructions work: a `busd tail` sees the runs, then Ctrl-C ends it."""
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            demo = await nursery.start(
+                partial(
+                    trio.run_process,
+                    [*BUSD, "demo", "--speed", "0", "--plain", "--keep", "--only", "claude_code"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    check=False,
+                )
+            )
+            assert demo.stdout is not None
+            seen = b""
+            async for chunk in demo.stdout:
+                seen += chunk
+                if b"still serving on" in seen:
+                    break
+            text = seen.decode()
+            socket = re.search(r"BUSD_SOCKET=(\S+) busd tail", text)
+            assert socket is not None, text
+            tail = await trio.run_process(
+                [*BUSD, "tail", "--socket", socket[1], "--since", "0", "--json", *UNTIL_FINISHED],
+                capture_stdout=True,
+            )
+            events = [json.loads(line) for line in tail.stdout.decode().splitlines()]
+            finished = events[-1]["event"]
+            assert finished["type"] == "busd.run.finished"
+            assert finished["usage"]["output_tokens"] == 231
+            assert events[-1]["session_id"] == "demo-claude_code"
+            demo.send_signal(signal.SIGINT)
+            assert await demo.wait() == 0
+
+
+def test_the_bundled_recordings_name_their_adapters_and_prompts() -> None:
+    runs = bundled_recordings()
+    assert [run.name for run in runs] == list(BUNDLED)
+    assert {run.adapter for run in runs} == {"claude-code", "copilot", "opencode", "acp"}
+    assert all(run.prompt for run in runs)
+    folder = resources.files("busd") / "data" / "recordings"
+    for name in BUNDLED:
+        assert Path(str(folder / f"{name}.jsonl")).stat().st_size > 0

@@ -186,7 +186,7 @@ def test_status_line_ticks_between_reports_and_stops_when_idle() -> None:
         ),
     )
     view = feed.view
-    assert view.status_line(T0 + 12.5) == "✶ Thinking… (12s · ↓ ~1.2k tokens · thought for 5s)"
+    assert view.status_line(T0 + 11) == "✶ Thinking… (11s · ↓ ~1.2k tokens · thought for 4s)"
     assert view.summary_line() is None
     feed(13, StreamingStats(elapsed_s=13, output_tokens=1400, thinking_s=5))
     assert view.status_line(T0 + 14) == "✶ Working… (14s · ↓ 1.4k tokens · thought for 5s)"
@@ -256,3 +256,22 @@ def test_stale_and_sessionless_events_are_not_shown() -> None:
     )
     assert changed == {"a", "b"}
     assert list(views.sessions) == ["a", "b"]
+
+
+def test_a_live_timer_resumes_from_the_new_work_not_from_the_last_report() -> None:
+    feed = Feed()
+    feed(0, TextDelta(message_id="m", text="x"))
+    feed(8, StreamingStats(elapsed_s=8, output_tokens=5))
+    feed(8, SessionIdle())
+    feed(60, TextDelta(message_id="m2", text="again"))  # busy again, long after the report
+    view = feed.view
+    assert view.live_stats(T0 + 60.5).elapsed_s == pytest.approx(8.5)
+    feed(60.75, StreamingStats(elapsed_s=8.75, output_tokens=6))
+    assert view.status_line(T0 + 60.75) == "✶ Working… (8s · ↓ 6 tokens)"
+
+
+def test_a_silent_daemon_cannot_make_a_timer_run_away() -> None:
+    feed = Feed()
+    feed(0, TextDelta(message_id="m", text="x"))
+    feed(1, StreamingStats(elapsed_s=1, output_tokens=5))
+    assert feed.view.live_stats(T0 + 100).elapsed_s == 2  # one second ahead at most
