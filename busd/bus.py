@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from .catalog import Catalog
 from .errors import UnknownEventType
 from .events import Envelope, Event
+from .ids import EventIds
 from .patterns import Pattern, is_pattern
 
 __all__ = ["Bus", "BusStatistics", "Handle", "Handler", "HandlerError"]
@@ -98,9 +99,11 @@ class Bus:
         *,
         clock: Callable[[], float] = time.time,
         first_seq: int = 1,
+        new_id: Callable[[], str] | None = None,
     ) -> None:
         self.catalog = catalog if catalog is not None else Catalog()
         self._clock = clock
+        self._new_id = new_id if new_id is not None else EventIds()
         self._seq = first_seq - 1
         self._exact: dict[str, list[_Entry]] = {}
         self._patterns: list[_Entry] = []
@@ -182,8 +185,12 @@ class Bus:
         agent_id: str | None = None,
         source: str = "",
         stale: bool = False,
+        event_id: str | None = None,
     ) -> Envelope[Event]:
         """Validate, sequence and dispatch ``event``; returns its envelope.
+
+        ``event_id`` keeps the id of an event that was accepted elsewhere (a
+        bridged copy); every other event gets a new one.
 
         Called from inside a handler, the event is sequenced at once but
         dispatched only after the current event has reached every handler.
@@ -195,7 +202,15 @@ class Bus:
         self._seq += 1
         self._published += 1
         envelope: Envelope[Event] = Envelope(
-            self._seq, self._clock(), event, session_id, run_id, agent_id, source, stale
+            self._seq,
+            self._clock(),
+            event,
+            session_id,
+            run_id,
+            agent_id,
+            source,
+            stale,
+            event_id or self._new_id(),
         )
         if self._dispatching:
             self._queue.append(envelope)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -203,6 +204,34 @@ def _run_client(main_fn: Callable[[], Awaitable[int]]) -> NoReturn:
     help="A TOML file with run and permission policy (see docs/runs.md).",
 )
 @click.option(
+    "--journal",
+    "journal_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The SQLite journal (default: $XDG_STATE_HOME/busd/journal.sqlite3).",
+)
+@click.option("--no-journal", is_flag=True, help="Keep history in memory only.")
+@click.option(
+    "--nats",
+    "nats_url",
+    default=None,
+    metavar="URL",
+    help="Bridge events through NATS JetStream at URL (the nats plugin; docs/scaling.md).",
+)
+@click.option("--nats-stream", default=None, help="The JetStream stream (default: BUSD).")
+@click.option(
+    "--nats-subject",
+    "nats_subjects",
+    multiple=True,
+    help="Subjects to ingest from other daemons (repeatable; default: all of the stream).",
+)
+@click.option(
+    "--nats-creds",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A NATS credentials file.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -211,6 +240,12 @@ def _run_client(main_fn: Callable[[], Awaitable[int]]) -> NoReturn:
 def serve(
     socket_path: Path | None,
     config_path: Path | None,
+    journal_path: Path | None,
+    no_journal: bool,
+    nats_url: str | None,
+    nats_stream: str | None,
+    nats_subjects: tuple[str, ...],
+    nats_creds: Path | None,
     max_frame: int,
     outbound_cap: int,
     handshake_timeout: float,
@@ -237,6 +272,16 @@ def serve(
         max_subscriptions=max_subscriptions,
         max_requests=max_requests,
         max_connections_per_uid=max_connections_per_uid,
+        journal=None if no_journal else str(journal_path or default_journal_path()),
+        plugin_options=_plugin_options(
+            policy.plugins,
+            nats={
+                "url": nats_url,
+                "stream": nats_stream,
+                "subjects": list(nats_subjects) or None,
+                "creds": str(nats_creds) if nats_creds else None,
+            },
+        ),
     )
     path = _socket(socket_path)
 
@@ -251,6 +296,24 @@ def serve(
         _fail(str(exc))
     except EndpointError as exc:
         _fail(str(exc))
+
+
+def default_journal_path() -> Path:
+    """``$XDG_STATE_HOME/busd/journal.sqlite3`` (``~/.local/state`` when unset)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(state) / "busd" / "journal.sqlite3"
+
+
+def _plugin_options(
+    from_file: dict[str, dict[str, Any]], **flags: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The config file's ``[plugins.NAME]`` tables, with the flags given on top."""
+    merged = {name: dict(options) for name, options in from_file.items()}
+    for name, options in flags.items():
+        given = {key: value for key, value in options.items() if value is not None}
+        if given:
+            merged.setdefault(name, {}).update(given)
+    return merged
 
 
 def _summary(event: Event) -> str:

@@ -14,13 +14,18 @@
     category = "execute"
     command = "rm -rf"        # regular expression searched in input.command
 
-Unknown keys are errors, so a typo cannot silently weaken a policy.
+    [plugins.nats]            # options of the plugin named nats (docs/scaling.md)
+    url = "nats://127.0.0.1:4222"
+
+Unknown keys are errors, so a typo cannot silently weaken a policy; what a
+``[plugins.NAME]`` table may hold is the plugin's to check.
 """
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -48,6 +53,7 @@ class FileConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
 
     runs: _Runs = _Runs()
     permissions: _Permissions = _Permissions()
+    plugins: dict[str, dict[str, Any]] = {}
 
 
 def load_config(path: Path) -> FileConfig:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -83,6 +83,10 @@ class DaemonConfig:
     raw_cache: int = 65_536
     subscription_buffer: int = 10_000
     """Events one subscription may hold while its client's outbox is full."""
+    journal: str | None = None
+    """The SQLite journal's path (None: no journal; ``busd serve`` has a default)."""
+    plugin_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per plugin name, its options (``[plugins.NAME]`` in the config file, some flags)."""
 
     def limits(self) -> Limits:
         return Limits(
@@ -267,8 +271,13 @@ class Daemon:
         agent_id: str | None = None,
         source: str = "",
         parent_tool_call_id: str | None = None,
+        event_id: str | None = None,
     ) -> Envelope[Event]:
-        """Correlate, sequence and fan out one event (adapters, drivers, clients)."""
+        """Correlate, sequence and fan out one event (adapters, drivers, clients).
+
+        ``event_id`` is for copies of events accepted elsewhere (a bridge):
+        they keep their id; everything else gets a new one.
+        """
         route = self.correlator.route(
             event,
             session_id=session_id,
@@ -283,6 +292,7 @@ class Daemon:
             agent_id=route.agent_id,
             source=source,
             stale=route.stale,
+            event_id=event_id,
         )
 
     def publish_emitted(

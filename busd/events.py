@@ -447,7 +447,7 @@ class Envelope(msgspec.Struct, Generic[E], frozen=True, omit_defaults=True, gc=F
     in seconds since the epoch. ``agent_id`` is set for sub-agent events (and
     so unset means the main chat); on ``stream.agent.*`` events it is the
     agent that spawned the sub-agent. ``stale`` marks events from a run that
-    is no longer active.
+    is no longer active. ``id`` names the event itself, wherever it travels.
     """
 
     seq: int
@@ -458,6 +458,9 @@ class Envelope(msgspec.Struct, Generic[E], frozen=True, omit_defaults=True, gc=F
     agent_id: str | None = None
     source: str = ""
     stale: bool = False
+    id: str = ""
+    """Globally unique and time-ordered (a UUIDv7): the same event keeps it across
+    daemons, journals and bridges, so copies are recognized."""
 
 
 BUILTIN_EVENTS: tuple[type[Event], ...] = tuple(

@@ -91,6 +91,7 @@ ENVELOPE = Envelope(
     event=TextDelta(message_id="m1", text="Hi"),
     session_id="s1",
     source="claude",
+    id="0190b2d6-7a3e-7c41-9f2e-3b4c5d6e7f80",
 )
 
 CLIENT_FRAMES: list[Frame] = [

@@ -1,0 +1,42 @@
+"""Event ids: UUIDv7, unique, time-ordered, kept by copies."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from busd.bus import Bus
+from busd.events import SessionIdle
+from busd.ids import EventIds
+
+
+def test_ids_are_uuid7_with_the_current_millisecond() -> None:
+    before = time.time_ns() // 1_000_000
+    parsed = uuid.UUID(EventIds()())
+    after = time.time_ns() // 1_000_000
+    assert parsed.version == 7
+    assert parsed.variant == uuid.RFC_4122
+    assert before <= parsed.int >> 80 <= after
+
+
+def test_one_generator_never_repeats_and_sorts_in_order_of_making() -> None:
+    ids = EventIds()
+    made = [ids() for _ in range(10_000)]
+    assert len(set(made)) == len(made)
+    assert sorted(made) == made
+
+
+def test_two_generators_do_not_collide() -> None:
+    a, b = EventIds(), EventIds()
+    assert not {a() for _ in range(1000)} & {b() for _ in range(1000)}
+
+
+def test_the_bus_gives_every_event_an_id_and_keeps_a_copys() -> None:
+    bus = Bus()
+    first = bus.publish(SessionIdle(), session_id="s")
+    second = bus.publish(SessionIdle(), session_id="s")
+    assert uuid.UUID(first.id).version == 7
+    assert first.id != second.id
+    copy = bus.publish(SessionIdle(), session_id="s", event_id=first.id)
+    assert copy.id == first.id
+    assert copy.seq == second.seq + 1
