@@ -615,4 +615,4 @@ def _block_lines(block: Block, printed: _Printed) -> list[str]:
     if isinstance(block, AgentBlock):
         return []  # announced by the walk, which knows its name
     printed.ended = True
-    return [_render_notice(block).plain]
+    return _render_notice(block).plain.splitlines()  # a plan is several lines

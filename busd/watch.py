@@ -16,6 +16,7 @@ file), falling back to a ``dup`` when it has no name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -324,11 +325,16 @@ async def watch(
 
 async def _plain(watcher: _Watcher, stream: TextIO) -> None:
     log = PlainLog()
+    done = trio.CancelScope()
 
     def write(lines: list[str]) -> None:
-        if lines:
-            stream.write("".join(f"{line}\n" for line in lines))
-            stream.flush()
+        if lines and not done.cancel_called:
+            try:
+                stream.write("".join(f"{line}\n" for line in lines))
+                stream.flush()
+            except BrokenPipeError:  # `busd watch --plain | head`: the reader has had enough
+                _silence(stream)
+                done.cancel()
 
     def fold(envelopes: list[Envelope[Event]]) -> set[str]:
         """Fold and log one envelope at a time, so the lines keep the events' order."""
@@ -355,10 +361,19 @@ async def _plain(watcher: _Watcher, stream: TextIO) -> None:
             shown = watcher.state.visible(watcher.views)
             write(log.status_lines(watcher.views, shown, time.time()))
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watcher.signals, nursery.cancel_scope)
-        nursery.start_soon(ticker)
-        nursery.start_soon(watcher.receive, fold, nursery.cancel_scope)
+    with done:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watcher.signals, nursery.cancel_scope)
+            nursery.start_soon(ticker)
+            nursery.start_soon(watcher.receive, fold, nursery.cancel_scope)
+
+
+def _silence(stream: TextIO) -> None:
+    """After a broken pipe, send what is still buffered nowhere (no error at exit)."""
+    with contextlib.suppress(OSError, ValueError):  # not a real file: nothing to silence
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 async def _live(watcher: _Watcher, stream: TextIO) -> None:

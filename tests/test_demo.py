@@ -116,3 +116,18 @@ def test_the_bundled_recordings_name_their_adapters_and_prompts() -> None:
     folder = resources.files("busd") / "data" / "recordings"
     for name in BUNDLED:
         assert Path(str(folder / f"{name}.jsonl")).stat().st_size > 0
+
+
+def test_a_reader_that_stops_early_ends_the_demo_quietly() -> None:
+    """`busd demo | head -1`: no traceback, exit 0."""
+    with subprocess.Popen(
+        [*BUSD, "demo", "--speed", "4", "--plain", "--only", "opencode"],  # writes come later
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as demo:
+        assert demo.stdout is not None
+        assert demo.stderr is not None
+        assert demo.stdout.readline().startswith(b"busd demo: a daemon on ")
+        demo.stdout.close()
+        assert demo.wait(timeout=DEADLINE) == 0
+        assert demo.stderr.read() == b""
