@@ -19,6 +19,8 @@ import time
 __all__ = ["EventIds", "new_event_id"]
 
 _LOW = (1 << 74) - 1
+_RAND_B = (1 << 62) - 1
+_VARIANT = 1 << 63
 
 
 class EventIds:
@@ -27,15 +29,18 @@ class EventIds:
     def __init__(self) -> None:
         self._base = secrets.randbits(74)
         self._count = itertools.count(1)
-        self._last_ms = 0
+        self._ms = -1
+        self._prefix = ""
 
     def __call__(self) -> str:
-        ms = max(time.time_ns() // 1_000_000, self._last_ms)  # never back in time
-        self._last_ms = ms
+        ms = time.time_ns() // 1_000_000
+        if ms > self._ms:  # the time part is formatted once a millisecond, never backwards
+            self._ms = ms
+            h = f"{ms & 0xFFFF_FFFF_FFFF:012x}"
+            self._prefix = f"{h[:8]}-{h[8:]}-7"
         low = (self._base + next(self._count)) & _LOW
-        value = ms << 80 | 0x7 << 76 | (low >> 62) << 64 | 0b10 << 62 | (low & ((1 << 62) - 1))
-        h = f"{value:032x}"
-        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        tail = f"{_VARIANT | (low & _RAND_B):016x}"
+        return f"{self._prefix}{low >> 62:03x}-{tail[:4]}-{tail[4:]}"
 
 
 new_event_id = EventIds()
