@@ -248,9 +248,11 @@ class Client:
             if first:
                 task_status.started()
                 first = False
-            lost = await self._serve(stream)
-            self._connected = trio.Event()
-            await trio.aclose_forcefully(stream)
+            try:
+                lost = await self._serve(stream)
+            finally:  # cancelled too: the socket is closed, not left to the collector
+                self._connected = trio.Event()
+                await trio.aclose_forcefully(stream)
             if self._closing or not self.reconnect or lost.reason in (BYE, "forbidden"):
                 self._fail_everything(lost)
                 return
@@ -612,17 +614,20 @@ async def connect(
     )
     stream = await instance._open()
     raised: BaseException | None = None
+    cancelled = False
     async with trio.open_nursery() as nursery:
         await nursery.start(instance._run, stream)
         try:
             yield instance
         except BaseException as exc:
             if isinstance(exc, trio.Cancelled):
+                cancelled = True
                 raise  # Trio's own: the nursery must see it
             raised = exc  # re-raised below, not wrapped in the nursery's group
         finally:
-            with trio.CancelScope(shield=True):
-                await instance.aclose()
+            if not cancelled:  # cancelled, our reader and writer are too: just close
+                with trio.CancelScope(shield=True):
+                    await instance.aclose()
             nursery.cancel_scope.cancel()
     if raised is not None:
         raise raised

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 import struct
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -563,3 +565,18 @@ async def test_the_resume_seq_covers_batches_split_over_many_frames(
         s for s in received if s <= goodbye.resume_seq
     )
     assert goodbye.resume_seq < published[-1]
+
+
+async def test_a_client_cancelled_mid_connection_closes_its_socket(tmp_path: Path) -> None:
+    """Cancelling the task that holds ``connect`` leaves no socket to the collector."""
+    path = tmp_path / "bus.sock"
+    async with running_daemon(path):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with trio.CancelScope() as scope:
+                async with connect(path) as client:
+                    scope.cancel()
+                    await trio.sleep_forever()
+            del client
+            gc.collect()
+        assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
