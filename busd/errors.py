@@ -22,3 +22,14 @@ class InvalidPattern(BusdError, ValueError):
 
 class CatalogConflict(BusdError, ValueError):
     """Two different classes claim the same dotted event type name."""
+
+
+class PluginConfigError(BusdError, ValueError):
+    """A plugin's options cannot be used: the daemon stops instead of running without it.
+
+    Every other exception a hook raises is contained (reported, the hook
+    skipped); this one, raised from ``busd_services`` or ``busd_startup``,
+    makes ``busd serve`` exit 2 with the message, because a daemon that
+    silently runs without the bridge its operator configured is worse than
+    one that refuses to start.
+    """

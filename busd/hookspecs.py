@@ -144,7 +144,9 @@ def busd_services(daemon: Daemon) -> Sequence[Service]:
     Each is an async callable started in the daemon's nursery under a guard:
     if it raises it is restarted with exponential backoff, and after
     repeated failures it is disabled and a ``busd.internal.error`` event
-    says so. Cancellation at shutdown is how it is told to stop.
+    says so. Cancellation at shutdown is how it is told to stop. Options
+    that cannot be used: raise :class:`busd.errors.PluginConfigError` from
+    the hook itself, and the daemon refuses to start.
 
     :param daemon: the daemon (its bus, correlator, sessions and publish()).
     :return: the services.

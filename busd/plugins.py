@@ -34,6 +34,7 @@ from . import hookspecs
 from ._version import __version__
 from .adapters import Adapter
 from .drivers import Driver
+from .errors import PluginConfigError
 from .events import Envelope, Event, PermissionRequested
 
 if TYPE_CHECKING:
@@ -260,6 +261,8 @@ class PluginManager:
             started = time.perf_counter()
             try:
                 result = impl.function(**args)
+            except PluginConfigError:
+                raise  # the operator's configuration: stop, say why (see its docs)
             except Exception as exc:
                 self._failed(impl.plugin_name, hook_name, exc)
                 continue

@@ -35,6 +35,7 @@ from busd.cli import main as cli
 from busd.client import ClientSubscription, connect
 from busd.daemon import Daemon
 from busd.endpoint import Endpoint
+from busd.errors import PluginConfigError
 from busd.events import (
     Envelope,
     Event,
@@ -899,3 +900,26 @@ def test_the_templates_own_tests_pass_against_this_busd(monkeypatch: pytest.Monk
             test()
     finally:
         sys.modules.pop("busd_echo", None)
+
+
+def test_a_configuration_error_is_not_contained_but_raised() -> None:
+    """Other hook failures are skipped and reported; unusable options stop the daemon."""
+
+    class Broken:
+        @hookimpl
+        def busd_services(self, daemon: Daemon) -> Sequence[Service]:
+            raise RuntimeError("a bug")
+
+    class Misconfigured:
+        @hookimpl
+        def busd_services(self, daemon: Daemon) -> Sequence[Service]:
+            raise PluginConfigError("[plugins.x]: unknown option 'ulr'")
+
+    manager = PluginManager(environ={})
+    manager.register(Broken(), name="broken")
+    daemon = Daemon(plugins=manager)
+    assert manager.services(daemon) == []
+    assert [f.plugin for f in manager.failures] == ["broken"]
+    manager.register(Misconfigured(), name="x")
+    with pytest.raises(PluginConfigError, match="unknown option 'ulr'"):
+        manager.services(daemon)

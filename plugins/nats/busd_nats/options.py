@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from busd.errors import InvalidPattern
+from busd.errors import InvalidPattern, PluginConfigError
 from busd.patterns import Pattern
 
 __all__ = ["BridgeOptions", "NatsOptionsError", "check_keys", "default_name", "parse_options"]
@@ -25,8 +25,11 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-class NatsOptionsError(ValueError):
-    """An option of the nats plugin is unknown or has a bad value (the message says which)."""
+class NatsOptionsError(PluginConfigError):
+    """An option of the nats plugin is unknown or has a bad value (the message says which).
+
+    A :class:`busd.errors.PluginConfigError`: ``busd serve`` exits 2 with it.
+    """
 
 
 class BridgeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

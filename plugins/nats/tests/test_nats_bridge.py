@@ -30,6 +30,7 @@ from nats_helpers import (
 
 import busd
 from busd.daemon import Daemon, DaemonConfig
+from busd.errors import PluginConfigError
 from busd.events import Envelope, Event, InternalError, SessionInfo
 from busd.plugins import PluginManager
 
@@ -270,26 +271,18 @@ async def test_a_full_buffer_drops_the_oldest_and_says_so(tmp_path: Path) -> Non
         ({"ulr": "nats://h"}, "unknown option 'ulr'"),
     ],
 )
-async def test_bad_options_are_an_internal_error_and_the_daemon_runs_on(
+async def test_bad_options_stop_the_daemon_with_a_message(
     options: dict[str, str], says: str
 ) -> None:
+    """A misconfigured bridge is a refusal to start, not a daemon quietly running without it."""
     manager = PluginManager(environ={})
     manager.register(busd_nats, name="nats")
     daemon = Daemon(DaemonConfig(plugin_options={"nats": options}), plugins=manager)
-    errors: list[InternalError] = []
-
-    def on_error(envelope: Envelope[Event]) -> None:
-        assert isinstance(envelope.event, InternalError)
-        errors.append(envelope.event)
-
-    daemon.bus.on("busd.internal.error", on_error)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(daemon.run)
-        assert busd_nats.bridge_of(daemon) is None
-        [error] = errors
-        assert (error.plugin, error.where) == ("nats", "busd_services")
-        assert says in error.message
-        nursery.cancel_scope.cancel()
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(PluginConfigError, match=says), flatten_subgroups=True
+    ):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
 
 
 @needs_nats_server
