@@ -70,6 +70,12 @@ from .humanize import format_duration as format_duration
 from .humanize import format_tokens as format_tokens
 from .humanize import status_line as status_line
 from .humanize import summary_line as summary_line
+from .journal import Journal as Journal
+from .journal import JournalSpan as JournalSpan
+from .journalfile import JournalError as JournalError
+from .journalfile import JournalReader as JournalReader
+from .journalfile import Retention as Retention
+from .journalfile import SessionRecord as SessionRecord
 from .patterns import Pattern as Pattern
 from .plugins import HookFailure as HookFailure
 from .plugins import PluginInfo as PluginInfo
@@ -96,6 +102,9 @@ from .stats import StreamingStatsTracker as StreamingStatsTracker
 from .stats import TrackerStatistics as TrackerStatistics
 from .toolmetrics import ToolTracker as ToolTracker
 from .toolmetrics import ToolTrackerStatistics as ToolTrackerStatistics
+from .transcript import Message as Message
+from .transcript import Transcript as Transcript
+from .transcript import build_transcript as build_transcript
 from .usage import UnknownProvider as UnknownProvider
 from .usage import UsageLedger as UsageLedger
 from .usage import UsageLedgerStatistics as UsageLedgerStatistics
@@ -116,6 +125,7 @@ __all__ = [
     "as_mapping",
     "Batch",
     "BatchDispatcher",
+    "build_transcript",
     "Bus",
     "BusdError",
     "BusStatistics",
@@ -158,8 +168,13 @@ __all__ = [
     "HookFailure",
     "hookimpl",
     "InvalidPattern",
+    "Journal",
+    "JournalError",
+    "JournalReader",
+    "JournalSpan",
     "Keyer",
     "merge_cumulative",
+    "Message",
     "normalize_usage",
     "Overflow",
     "Pattern",
@@ -171,6 +186,7 @@ __all__ = [
     "ReplayDriver",
     "RequestFailed",
     "resolve_socket_path",
+    "Retention",
     "Route",
     "Run",
     "Server",
@@ -178,6 +194,7 @@ __all__ = [
     "ServerFrameDecoder",
     "ServerHandshake",
     "Service",
+    "SessionRecord",
     "SessionRegistry",
     "SessionSnapshot",
     "SessionSummary",
@@ -192,6 +209,7 @@ __all__ = [
     "ToolTracker",
     "ToolTrackerStatistics",
     "TrackerStatistics",
+    "Transcript",
     "Translator",
     "TranslatorStatistics",
     "UnknownEventType",

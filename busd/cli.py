@@ -25,12 +25,22 @@ from .client import connect as busd_connect
 from .config import ConfigError, FileConfig, load_config
 from .daemon import Daemon, DaemonConfig
 from .endpoint import AlreadyRunning, EndpointError, resolve_socket_path
-from .errors import BusdError
+from .errors import BusdError, PluginConfigError
 from .events import Envelope, Event, event_type
+from .humanize import format_tokens
+from .journalfile import (
+    DEFAULT_MAX_AGE,
+    DEFAULT_MAX_SIZE,
+    JournalError,
+    JournalReader,
+    parse_duration,
+    parse_size,
+)
 from .patterns import Pattern, is_pattern
 from .plugins import PluginManager
 from .protocol import Ingest, Status
 from .server import serve as serve_forever
+from .transcript import build_transcript, export_document
 
 
 @click.group()
@@ -145,6 +155,30 @@ def _run_client(main_fn: Callable[[], Awaitable[int]]) -> NoReturn:
     sys.exit(code)
 
 
+class _Duration(click.ParamType[float, Any]):
+    """``30d``, ``12h``, ``90m``, ``3600``: seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return parse_duration(value) if isinstance(value, str) else float(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class _Size(click.ParamType[int, Any]):
+    """``1GiB``, ``500MiB``, ``1048576``: bytes."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return parse_size(value) if isinstance(value, str) else int(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 @main.command()
 @socket_option
 @click.option(
@@ -208,9 +242,23 @@ def _run_client(main_fn: Callable[[], Awaitable[int]]) -> NoReturn:
     "journal_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="The SQLite journal (default: $XDG_STATE_HOME/busd/journal.sqlite3).",
+    help="The SQLite journal (default: the config file's [journal] path, else "
+    "$XDG_STATE_HOME/busd/journal.sqlite3).",
 )
 @click.option("--no-journal", is_flag=True, help="Keep history in memory only.")
+@click.option(
+    "--journal-max-age",
+    type=_Duration(),
+    default=None,
+    help="Remove journaled events older than this (e.g. 30d, 12h; 0: keep) [default: 30d].",
+)
+@click.option(
+    "--journal-max-size",
+    type=_Size(),
+    default=None,
+    help="Remove the oldest events while the journal is over this (e.g. 1GiB; 0: no limit) "
+    "[default: 1GiB].",
+)
 @click.option(
     "--nats",
     "nats_url",
@@ -242,6 +290,8 @@ def serve(
     config_path: Path | None,
     journal_path: Path | None,
     no_journal: bool,
+    journal_max_age: float | None,
+    journal_max_size: int | None,
     nats_url: str | None,
     nats_stream: str | None,
     nats_subjects: tuple[str, ...],
@@ -261,6 +311,7 @@ def serve(
         policy = load_config(config_path) if config_path is not None else FileConfig()
     except ConfigError as exc:
         _fail(str(exc), 2)
+    age_from_file, size_from_file = policy.journal.limits()  # checked by load_config
     config = DaemonConfig(
         watchdog=policy.runs.watchdog,
         permission_rules=tuple(policy.permissions.rules),
@@ -272,7 +323,9 @@ def serve(
         max_subscriptions=max_subscriptions,
         max_requests=max_requests,
         max_connections_per_uid=max_connections_per_uid,
-        journal=None if no_journal else str(journal_path or default_journal_path()),
+        journal=None if no_journal else str(journal_path or _file_journal(policy)),
+        journal_max_age=_limit(journal_max_age, age_from_file, DEFAULT_MAX_AGE),
+        journal_max_size=_limit(journal_max_size, size_from_file, DEFAULT_MAX_SIZE),
         plugin_options=_plugin_options(
             policy.plugins,
             nats={
@@ -291,17 +344,49 @@ def serve(
     plugins = PluginManager()
     plugins.load_entry_points()
     try:
-        trio.run(partial(serve_forever, path, Daemon(config, plugins=plugins), on_ready=ready))
+        # The daemon (and its journal) is made once the socket is ours.
+        trio.run(
+            partial(serve_forever, path, partial(Daemon, config, plugins=plugins), on_ready=ready)
+        )
     except AlreadyRunning as exc:
         _fail(str(exc))
     except EndpointError as exc:
         _fail(str(exc))
+    except JournalError as exc:
+        _fail(f"{exc} (--journal PATH puts it elsewhere, --no-journal runs without one)")
+    except PluginConfigError as exc:
+        _fail(str(exc), 2)
+    except BaseExceptionGroup as group:
+        refused = _leaf(group, PluginConfigError)
+        if refused is None:
+            raise
+        _fail(str(refused), 2)
+
+
+def _leaf(group: BaseExceptionGroup[BaseException], kind: type[Exception]) -> Exception | None:
+    """The first ``kind`` exception inside nested groups (a service's, out of the nurseries)."""
+    matched, _ = group.split(kind)
+    while isinstance(matched, BaseExceptionGroup):
+        matched = matched.exceptions[0]  # type: ignore[assignment]
+    return matched
 
 
 def default_journal_path() -> Path:
     """``$XDG_STATE_HOME/busd/journal.sqlite3`` (``~/.local/state`` when unset)."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(state) / "busd" / "journal.sqlite3"
+
+
+def _file_journal(policy: FileConfig) -> Path:
+    """The config file's ``[journal] path``, else the default."""
+    given = policy.journal.path
+    return Path(os.path.expanduser(given)) if given else default_journal_path()
+
+
+def _limit(flag: float | None, from_file: float | None, default: float) -> Any:
+    """A retention limit: the flag, else the file, else the default; 0 means none."""
+    value = flag if flag is not None else from_file if from_file is not None else default
+    return value or None
 
 
 def _plugin_options(
@@ -547,6 +632,106 @@ def status(socket_path: Path | None, as_json: bool) -> None:
         return 0
 
     _run_client(run)
+
+
+journal_option = click.option(
+    "--journal",
+    "journal_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The journal to read (default: $XDG_STATE_HOME/busd/journal.sqlite3).",
+)
+
+
+def _reader(path: Path | None) -> JournalReader:
+    try:
+        return JournalReader(path or default_journal_path())
+    except JournalError as exc:
+        _fail(str(exc))
+
+
+@main.command("sessions")
+@journal_option
+@click.option("--limit", type=click.IntRange(1), default=None, help="The N most recent only.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of session records.")
+def sessions_command(journal_path: Path | None, limit: int | None, as_json: bool) -> None:
+    """List the journaled sessions, most recently active first, with their final usage.
+
+    Reads the journal directly: works whether the daemon runs or not.
+    """
+    with _reader(journal_path) as reader:
+        records = reader.sessions(limit)
+    if as_json:
+        click.echo(msgspec.json.encode(records))
+        return
+    if not records:
+        click.echo(f"no sessions in {reader.path}", err=True)
+        return
+    click.echo(
+        f"{'SESSION':<22} {'LAST ACTIVE':<16} {'STATUS':<6} {'ADAPTER/MODEL':<32} "
+        f"{'EVENTS':>7} {'IN':>7} {'OUT':>7}  TITLE"
+    )
+    for r in records:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_ts))
+        agent = "/".join(part for part in (r.adapter, r.model) if part) or "-"
+        usage = r.usage
+        tokens_in = "-" if usage is None else format_tokens(usage.input_tokens)
+        tokens_out = "-" if usage is None else format_tokens(usage.output_tokens)
+        title = (r.title or "") + (" (oldest events removed)" if r.truncated else "")
+        click.echo(
+            f"{r.session_id:<22} {when:<16} {r.status:<6} {agent[:32]:<32} "
+            f"{r.events:>7} {tokens_in:>7} {tokens_out:>7}  {title}".rstrip()
+        )
+
+
+@main.command()
+@journal_option
+@click.argument("session_id", metavar="SESSION")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "json"]),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: the session, then one message per line; json: one document.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="Write to this file (default: standard output).",
+)
+def export(journal_path: Path | None, session_id: str, fmt: str, output: Path | None) -> None:
+    """Write a journaled session's transcript: messages with their parts, runs, usage.
+
+    Reasoning keeps its provider signature, tool calls their input and
+    results; the format is in docs/journal.md.
+    """
+    decoder = msgspec.msgpack.Decoder(Catalog().envelope_type())
+    envelopes: list[Envelope[Event]] = []
+    skipped = 0
+    with _reader(journal_path) as reader:
+        record = reader.session(session_id)
+        if record is None:
+            _fail(f"no session {session_id!r} in {reader.path} (see `busd sessions`)")
+        for blob in reader.session_events(session_id):
+            try:
+                envelopes.append(decoder.decode(blob))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                skipped += 1  # an event type of a plugin this busd does not load
+    transcript = build_transcript(session_id, envelopes)
+    data = export_document(record, transcript, lines=fmt == "jsonl")
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        try:
+            output.write_bytes(data)
+        except OSError as exc:
+            _fail(f"cannot write {output}: {exc.strerror or exc}")
+    if skipped:
+        click.echo(f"busd: {skipped} event(s) of unknown types left out", err=True)
 
 
 @main.command()

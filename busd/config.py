@@ -14,6 +14,11 @@
     category = "execute"
     command = "rm -rf"        # regular expression searched in input.command
 
+    [journal]                 # durable history (docs/journal.md); flags win
+    path = "~/.local/state/busd/journal.sqlite3"
+    max_age = "30d"           # s, m, h, d, w; 0: no limit
+    max_size = "1GiB"         # KiB, MiB, GiB, TiB or bytes; 0: no limit
+
     [plugins.nats]            # options of the plugin named nats (docs/scaling.md)
     url = "nats://127.0.0.1:4222"
 
@@ -30,6 +35,7 @@ from typing import Any
 import msgspec
 
 from .errors import BusdError
+from .journalfile import parse_duration, parse_size
 from .permissions import PermissionRule
 
 __all__ = ["ConfigError", "FileConfig", "load_config"]
@@ -48,11 +54,31 @@ class _Runs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     watchdog: float = 300.0
 
 
+class _Journal(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    path: str | None = None
+    max_age: str | float | None = None
+    max_size: str | int | None = None
+
+    def limits(self) -> tuple[float | None, int | None]:
+        """``(max_age seconds, max_size bytes)``; ``None`` where the file says nothing.
+
+        :class:`ValueError` for a value that is not a duration or a size.
+        """
+        age = self.max_age
+        size = self.max_size
+        seconds = parse_duration(age) if isinstance(age, str) else age
+        count = parse_size(size) if isinstance(size, str) else size
+        if (seconds is not None and seconds < 0) or (count is not None and count < 0):
+            raise ValueError("max_age and max_size cannot be negative (0: no limit)")
+        return (None if seconds is None else float(seconds)), count
+
+
 class FileConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """What a configuration file may hold."""
 
     runs: _Runs = _Runs()
     permissions: _Permissions = _Permissions()
+    journal: _Journal = _Journal()
     plugins: dict[str, dict[str, Any]] = {}
 
 
@@ -65,6 +91,11 @@ def load_config(path: Path) -> FileConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     try:
-        return msgspec.convert(raw, FileConfig)
+        config = msgspec.convert(raw, FileConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    try:
+        config.journal.limits()
+    except ValueError as exc:
+        raise ConfigError(f"{path}: [journal]: {exc}") from None
+    return config

@@ -22,9 +22,10 @@ import trio
 from ._version import __version__
 from .adapters import Translator
 from .batching import BatchDispatcher
-from .daemon import Daemon, PublishRejected, Subscription
+from .daemon import Daemon, PublishRejected, Resume, Subscription
 from .errors import InvalidPattern
 from .events import Envelope, Event
+from .journal import JournalSpan, Missing
 from .permissions import PermissionRejected
 from .protocol import (
     BAD_HANDSHAKE,
@@ -95,6 +96,10 @@ class _Failed(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def _sorted(sessions: frozenset[str] | None) -> list[str] | None:
+    return None if sessions is None else sorted(sessions)
 
 
 async def close_gracefully(stream: trio.abc.Stream) -> None:
@@ -266,6 +271,8 @@ class Connection:
                 if isinstance(frame, Publish):
                     await self._publish(frame)
                     continue
+                if isinstance(frame, Ingest):
+                    await self._journal_room()
                 try:
                     self._handle(frame)
                 except Exception:
@@ -291,7 +298,14 @@ class Connection:
             self._unyielded += 1
             if self._unyielded >= _YIELD_EVERY:  # counted across frames: small ones add up
                 self._unyielded = 0
+                await self._journal_room()
                 await trio.lowlevel.checkpoint()
+
+    async def _journal_room(self) -> None:
+        """A publisher waits while the journal's disk is behind (bounded: Journal.room)."""
+        journal = self.daemon.journal
+        if journal is not None and journal.congested:
+            await journal.room()
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         if exc.op == "request" and exc.ref is not None:
@@ -396,33 +410,47 @@ class Connection:
         except InvalidPattern as exc:
             self._queue(Error(code=INVALID_PATTERN, message=str(exc), ref=sub_id))
             return
-        seqs: list[int] = []
-        raws: list[msgspec.Raw] = []
+        resume: Resume | None = None
         if frame.since_seq is not None:
             # Synchronous from here to add_subscription: nothing is missed or doubled.
             # Live events wait in the dispatcher until the replay is queued.
-            found, seqs, raws = self.daemon.replay(sub, frame.since_seq)
-            if frame.since_seq > found.head_seq:
+            resume = self.daemon.replay(sub, frame.since_seq)
+            if resume.ahead:
                 message = (
-                    f"since_seq {frame.since_seq} is past this daemon's head {found.head_seq} "
+                    f"since_seq {frame.since_seq} is past this daemon's head {resume.head_seq} "
                     "(it restarted): replaying from the oldest event held"
                 )
                 self._queue(Error(code=SEQ_AHEAD, message=message, ref=sub_id))
-            if found.gap is not None:
-                self._queue(Gap(sub=sub_id, from_seq=found.gap[0], to_seq=found.gap[1]))
+            if resume.gap is not None:
+                self._queue(Gap(sub=sub_id, from_seq=resume.gap[0], to_seq=resume.gap[1]))
         self.daemon.add_subscription(sub)
         self._subs[sub_id] = sub
         assert self._nursery is not None
-        self._nursery.start_soon(self._deliver, sub, seqs, raws)
+        self._nursery.start_soon(self._deliver, sub, resume)
 
-    async def _deliver(self, sub: Subscription, seqs: list[int], raws: list[msgspec.Raw]) -> None:
-        """Replay first (with backpressure), then live batches until the subscription ends."""
-        if raws:
-            await self._send_events(sub.id, seqs, raws)
+    async def _deliver(self, sub: Subscription, resume: Resume | None) -> None:
+        """Replay first (journal, then ring, with backpressure), then live batches."""
+        if resume is not None:
+            if resume.journal is not None:
+                await self._replay_journal(sub, resume.journal)
+            if resume.raws and self._subs.get(sub.id) is sub:
+                await self._send_events(sub.id, resume.seqs, resume.raws)
         await sub.dispatcher.run()
         overflow = sub.dispatcher.overflow
         if overflow is not None and self._subs.get(sub.id) is sub:
             self._slow_consumer(overflow.resume_seq)
+
+    async def _replay_journal(self, sub: Subscription, span: JournalSpan) -> None:
+        """What the ring no longer holds, read from the journal page by page, gaps in place."""
+        items = span.read(sub.wants_row, sub.wants, sessions=_sorted(sub.sessions))
+        async with contextlib.aclosing(items):
+            async for item in items:
+                if self._subs.get(sub.id) is not sub or self._closing:
+                    return  # unsubscribed or replaced meanwhile
+                if isinstance(item, Missing):
+                    self._queue(Gap(sub=sub.id, from_seq=item.from_seq, to_seq=item.to_seq))
+                else:
+                    await self._send_events(sub.id, item.seqs, item.raws)
 
     def _drop(self, sub: Subscription) -> None:
         self.daemon.remove_subscription(sub)

@@ -7,13 +7,18 @@ subscription. Each accepted event is encoded to msgpack exactly once, here;
 the bytes are kept for replay and reused in every subscriber's ``events``
 frame, so fan-out to N subscribers costs one serialization, not N.
 
+With a journal (:mod:`busd.journal`), the same bytes are queued for it
+too, ``seq`` continues after the journal's, the sessions it knew come back,
+and a resume from before the replay ring reads the rest from the file.
+
 Connections (:mod:`busd.connection`) call in synchronously; the only Trio
-parts are :meth:`Daemon.run` (the accountant's tick loop and the nursery
-that subscription dispatchers run in).
+parts are :meth:`Daemon.run` (the accountant's tick loop, the journal's
+writer and the nursery that subscription dispatchers run in).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -42,7 +47,16 @@ from .events import (
     StreamingStats,
     event_type,
 )
-from .history import History, Replay
+from .history import History
+from .journal import (
+    DEFAULT_MAX_AGE,
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_SIZE,
+    Journal,
+    JournalSpan,
+    Retention,
+    session_row,
+)
 from .patterns import Pattern
 from .permissions import PermissionBroker, PermissionRule
 from .plugins import HookFailure, PluginManager, supervise
@@ -50,9 +64,11 @@ from .protocol import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
 from .runs import RunManager
 from .sessions import SessionRegistry
 
-__all__ = ["Daemon", "DaemonConfig", "PublishRejected", "Subscription"]
+__all__ = ["Daemon", "DaemonConfig", "PublishRejected", "Resume", "Subscription"]
 
 _BUILTIN = frozenset(BUILTIN_EVENTS)
+
+logger = logging.getLogger("busd.daemon")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +101,12 @@ class DaemonConfig:
     """Events one subscription may hold while its client's outbox is full."""
     journal: str | None = None
     """The SQLite journal's path (None: no journal; ``busd serve`` has a default)."""
+    journal_max_age: float | None = DEFAULT_MAX_AGE
+    """Seconds of history the journal keeps (None: no limit)."""
+    journal_max_size: int | None = DEFAULT_MAX_SIZE
+    """Bytes of journal before its oldest events go (None: no limit)."""
+    journal_max_pending: int = DEFAULT_MAX_PENDING
+    """Events waiting for the disk before further ones are not journaled."""
     plugin_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per plugin name, its options (``[plugins.NAME]`` in the config file, some flags)."""
 
@@ -99,6 +121,28 @@ class DaemonConfig:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What a subscription resuming after ``since_seq`` gets, in this order.
+
+    ``gap``: lost for good, known now (no journal); ``journal``: read from
+    the journal (it reports its own gaps); then ``seqs``/``raws`` from the
+    replay ring. When :attr:`ahead`, the client numbered by another daemon
+    life: it gets the ring from its start.
+    """
+
+    since_seq: int
+    head_seq: int
+    seqs: list[int]
+    raws: list[msgspec.Raw]
+    gap: tuple[int, int] | None = None
+    journal: JournalSpan | None = None
+
+    @property
+    def ahead(self) -> bool:
+        return self.since_seq > self.head_seq
+
+
 class PublishRejected(ValueError):
     """A client's event that the daemon will not sequence (the reason is the message)."""
 
@@ -111,6 +155,7 @@ class Subscription:
 
     __slots__ = (
         "_matches",
+        "_names",
         "connection_id",
         "dispatcher",
         "id",
@@ -136,6 +181,18 @@ class Subscription:
         self.owned_only = owned_only
         self.dispatcher = dispatcher
         self._matches: dict[type[Event], bool] = {}
+        self._names: dict[str, bool] = {}
+
+    def wants_row(self, name: str, session_id: str | None, run_id: str | None, stale: bool) -> bool:
+        """:meth:`wants` for a journaled event, from its columns (no decoding)."""
+        if self.sessions is not None and session_id not in self.sessions:
+            return False
+        if self.owned_only and (run_id is None or stale):
+            return False
+        matched = self._names.get(name)
+        if matched is None:
+            matched = self._names[name] = any(p.matches(name) for p in self.patterns)
+        return matched
 
     def wants(self, envelope: Envelope[Event]) -> bool:
         if self.sessions is not None and envelope.session_id not in self.sessions:
@@ -186,10 +243,14 @@ class Daemon:
         self.catalog.freeze()  # decoders are built from it from now on
         self.adapters: dict[str, Adapter] = self.plugins.adapters()
         self.keyer: Keyer = chain_keyers(coalescing_key, self._plugin_key)
-        self.bus = Bus(self.catalog)
-        self.correlator = Correlator()
-        self.history = History(self.config.replay)
         self.sessions = SessionRegistry()
+        self.journal: Journal | None = None
+        if self.config.journal is not None:
+            self.journal = self._open_journal(self.config.journal)  # JournalError
+        first_seq = self.journal.next_seq if self.journal is not None else 1
+        self.bus = Bus(self.catalog, first_seq=first_seq)
+        self.correlator = Correlator()
+        self.history = History(self.config.replay, first_seq=first_seq)
         self.socket_path = socket_path
         self._accounting = AccountingService(self.bus, accountant)
         self.broker = PermissionBroker(
@@ -211,16 +272,50 @@ class Daemon:
         self.bus.on_all(self._on_event)
         self._nursery: trio.Nursery | None = None
 
+    def _open_journal(self, path: str) -> Journal:
+        config = self.config
+        journal = Journal.open(
+            path,
+            sessions=self._touched_sessions,
+            keep_sessions=self.sessions.max_sessions,
+            report=self._journal_problem,
+            retention=Retention(max_age=config.journal_max_age, max_size=config.journal_max_size),
+            max_pending=config.journal_max_pending,
+        )
+        for record in journal.restored:
+            self.sessions.restore(record, stats=record.stats, context=record.context)
+        if journal.crashed is not None:
+            first, last = journal.crashed
+            logger.warning(
+                "the last daemon did not stop cleanly: seqs %d..%d are skipped (some of them "
+                "may have been delivered but not journaled)",
+                first,
+                last,
+            )
+        return journal
+
+    def _touched_sessions(self, since_seq: int) -> list[tuple[Any, ...]]:
+        return [session_row(state) for state in self.sessions.touched_since(since_seq)]
+
+    def _journal_problem(self, message: str) -> None:
+        logger.warning("%s", message)
+        self.publish(InternalError(where="journal", message=message), source="busd.journal")
+
     # -- the Trio part ---------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the accountant and host subscription dispatchers until cancelled."""
+        """Run the accountant and the journal, host subscription dispatchers, until cancelled.
+
+        On the way out, the journal writes what is left and is closed.
+        """
         self.plugins.on_error = self._plugin_failed
         for failure in (*self._startup_failures, *self.plugins.failures):
             self._plugin_failed(failure)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.journal is not None:
+                    await nursery.start(self.journal.run)
                 await nursery.start(self._accounting.run)
                 for name, service in self.plugins.services(self):
                     nursery.start_soon(
@@ -230,7 +325,12 @@ class Daemon:
                 task_status.started()
                 await trio.sleep_forever()
         finally:
-            self.plugins.shutdown(self)
+            try:
+                self.plugins.shutdown(self)
+            finally:
+                if self.journal is not None:
+                    with trio.CancelScope(shield=True):
+                        await self.journal.aclose()
 
     def _plugin_failed(self, failure: HookFailure) -> None:
         self.publish(
@@ -330,6 +430,8 @@ class Daemon:
     def _on_event(self, envelope: Envelope[Event]) -> None:
         raw = encode_envelope(envelope)
         self.history.append(envelope, raw)
+        if self.journal is not None:
+            self.journal.append(envelope, raw)
         cache = self._raw
         cache[envelope.seq] = (envelope, raw)
         if len(cache) > self.config.raw_cache:
@@ -369,12 +471,15 @@ class Daemon:
         if subscription in self._subscriptions:
             self._subscriptions.remove(subscription)
 
-    def replay(
-        self, subscription: Subscription, since_seq: int
-    ) -> tuple[Replay, list[int], list[msgspec.Raw]]:
-        """What a resuming subscription missed, as seqs and bytes (past the head: start over)."""
+    def replay(self, subscription: Subscription, since_seq: int) -> Resume:
+        """What a resuming subscription missed (past the head: the ring from its start).
+
+        What the ring no longer holds comes from the journal, if there is one;
+        call this and register the subscription with no checkpoint between.
+        """
         found = self.history.since(since_seq)
-        if found.ahead:
+        ahead = found.ahead
+        if ahead:
             found = self.history.since(0)
         wants = subscription.wants
         seqs: list[int] = []
@@ -383,7 +488,12 @@ class Daemon:
             if wants(envelope):
                 seqs.append(envelope.seq)
                 raws.append(raw)
-        return found, seqs, raws
+        gap = found.gap
+        span = None
+        if gap is not None and self.journal is not None and not ahead:
+            span = self.journal.span(gap[0] - 1, gap[1])
+            gap = None
+        return Resume(since_seq, found.head_seq, seqs, raws, gap, span)
 
     # -- connections -----------------------------------------------------------
 
@@ -441,6 +551,7 @@ class Daemon:
             "protocol_errors": self.counters.protocol_errors,
             "handler_errors": bus.handler_errors,
             "history": msgspec.to_builtins(self.history.statistics()),
+            "journal": None if self.journal is None else self.journal.statistics(),
             "adapters": sorted(self.adapters),
             "drivers": sorted(self.runs.drivers),
             "runs_active": sum(1 for r in self.runs.runs() if r["status"] == "running"),

@@ -128,18 +128,25 @@ class Server:
 
 async def serve(
     path: Path,
-    daemon: Daemon,
+    daemon: Daemon | Callable[[], Daemon],
     *,
     on_ready: Callable[[str], None] = lambda where: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Bind ``path`` (or adopt systemd's socket) and serve until SIGTERM or SIGINT."""
+    """Bind ``path`` (or adopt systemd's socket) and serve until SIGTERM or SIGINT.
+
+    ``daemon`` may be a function that makes it once the socket is ours, so a
+    second ``busd serve`` is told the socket is taken before it touches the
+    first one's journal.
+    """
     activated = systemd.listen_fds()
     for extra in activated[1:]:
         logger.warning("ignoring extra socket-activated fd %d: busd serves one", extra.fileno())
         extra.close()
     endpoint = Endpoint.adopt(activated[0]) if activated else Endpoint.bind(path)
     with endpoint, trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        if not isinstance(daemon, Daemon):
+            daemon = daemon()
         where = str(endpoint.path) if endpoint.path is not None else "a systemd socket"
         daemon.socket_path = where
         server = Server(daemon, endpoint.socket)

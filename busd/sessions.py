@@ -103,6 +103,8 @@ class SessionSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     first and last events seen; ``events`` counts every envelope of the
     session, derived ones included. ``usage`` is the main agent's cumulative
     usage. ``error`` is the message of the error behind ``status="error"``.
+    ``adapter`` is the adapter of its latest run (``busd.run.started``), or
+    for an ingested stream the SDK named in its events' source.
     """
 
     session_id: str
@@ -114,6 +116,7 @@ class SessionSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     events: int
     title: str | None = None
     model: str | None = None
+    adapter: str | None = None
     cwd: str | None = None
     parent_session_id: str | None = None
     run_id: str | None = None
@@ -145,6 +148,7 @@ class SessionState:
     """The live record of one session; read it, never write it (the registry does)."""
 
     __slots__ = (
+        "adapter",
         "agents",
         "context",
         "cwd",
@@ -177,6 +181,7 @@ class SessionState:
         self.error: str | None = None
         self.title: str | None = None
         self.model: str | None = None
+        self.adapter: str | None = None
         self.cwd: str | None = None
         self.parent_session_id: str | None = None
         self.run_id: str | None = None
@@ -201,6 +206,7 @@ class SessionState:
             "events": self.events,
             "title": self.title,
             "model": self.model,
+            "adapter": self.adapter,
             "cwd": self.cwd,
             "parent_session_id": self.parent_session_id,
             "run_id": self.run_id,
@@ -301,6 +307,7 @@ def _on_error(state: SessionState, envelope: Envelope[SessionError], limit: int)
 
 def _on_run_started(state: SessionState, envelope: Envelope[RunStarted], limit: int) -> None:
     event = envelope.event
+    state.adapter = event.adapter
     if event.model is not None:
         state.model = event.model
 
@@ -499,12 +506,64 @@ class SessionRegistry:
             run_id = envelope.run_id
             if run_id is not None:
                 state.run_id = run_id
+            if state.adapter is None and "/" in envelope.source:  # ingest: "client/sdk"
+                state.adapter = envelope.source.rsplit("/", 1)[1]
         agent_id = envelope.agent_id
         if agent_id is not None and agent_id not in state.agents and agent_id != session_id:
             state.agents[agent_id] = SubAgent(agent_id=agent_id)
             _cap(state.agents, self._max_open)
         if update is not None:
             update(state, envelope, self._max_open)
+
+    def restore(
+        self,
+        summary: SessionSummary,
+        *,
+        stats: StreamingStats | None = None,
+        context: ContextUsage | None = None,
+    ) -> None:
+        """Bring back a session an earlier daemon journaled, as the most recently active.
+
+        Restore oldest first, before the first event. Nothing that was open
+        (tool calls, permission requests, sub-agents) comes back, and an
+        ``active`` session comes back ``idle``: its next event makes it
+        active again. A session already known is left as it is.
+        """
+        sessions = self._sessions
+        if summary.session_id in sessions:
+            return
+        if len(sessions) >= self._max_sessions:
+            del sessions[next(iter(sessions))]
+            self._evicted += 1
+        state = SessionState(summary.session_id, summary.first_seq, summary.first_ts)
+        state.last_seq = summary.last_seq
+        state.last_ts = summary.last_ts
+        state.events = summary.events
+        state.status = _IDLE if summary.status == _ACTIVE else summary.status
+        state.error = summary.error if state.status == _ERROR else None
+        state.title = summary.title
+        state.model = summary.model
+        state.adapter = summary.adapter
+        state.cwd = summary.cwd
+        state.parent_session_id = summary.parent_session_id
+        state.run_id = summary.run_id
+        state.usage = summary.usage
+        state.stats = stats
+        state.context = context
+        sessions[summary.session_id] = state
+        self._last = summary.session_id
+
+    def touched_since(self, seq: int) -> builtins.list[SessionState]:
+        """The sessions with an event after ``seq``, most recently active first.
+
+        Costs one step per session returned (plus one), however many are known.
+        """
+        out: builtins.list[SessionState] = []
+        for state in reversed(self._sessions.values()):
+            if state.last_seq <= seq:
+                break
+            out.append(state)
+        return out
 
     def get(self, session_id: str) -> SessionState | None:
         """The live record of ``session_id``; treat it as read-only."""

@@ -95,6 +95,7 @@ async def process(
 async def busd_daemon(work: Path, name: str, nats_url: str | None) -> AsyncIterator[Path]:
     sock = work / f"{name}.sock"
     argv = [sys.executable, "-m", "busd", "serve", "--socket", str(sock), "--log-level", "warning"]
+    argv += ["--journal", str(work / f"{name}.sqlite3")]
     if nats_url is not None:
         config = work / f"{name}.toml"
         config.write_text(f'[plugins.nats]\nname = "bench-{name}"\n')

@@ -232,7 +232,7 @@ def start_server(
         argv = list(busd_command)
         if profile is not None:
             argv[1:1] = ["-m", "cProfile", "-o", str(profile)]
-        argv += ["serve", "--socket", str(path), "--log-level", "warning"]
+        argv += ["serve", "--socket", str(path), "--log-level", "warning", "--no-journal"]
         if outbound_cap is not None:
             argv += ["--outbound-cap", str(outbound_cap)]
         worker = procs.start(name, argv, server=True)

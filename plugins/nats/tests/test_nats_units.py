@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +276,30 @@ def test_lanes_keep_one_in_flight_per_session_in_order() -> None:
         lanes.done(done)
     assert len(lanes) == 0
     assert lanes.next() is None
+
+
+def test_busd_serve_refuses_to_start_with_bad_nats_options(tmp_path: Path) -> None:
+    sock = tmp_path / "bus.sock"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "busd",
+            "serve",
+            "--socket",
+            str(sock),
+            "--no-journal",
+            "--nats",
+            "http://example",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "busd: [plugins.nats]: url 'http://example' is not a NATS server address" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    assert not sock.exists()

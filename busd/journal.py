@@ -1,0 +1,553 @@
+"""The journal: every accepted event kept in SQLite, for restarts, resumes and ``busd export``.
+
+The daemon hands each accepted envelope and its msgpack bytes (the ones it
+already encoded for fan-out) to :meth:`Journal.append`: a list append, on
+the hot path and synchronous. :meth:`Journal.run` writes what piled up in
+one transaction per batch, in a worker thread, every ``interval`` seconds
+or every ``batch_events`` events, whichever comes first. The highest seq
+committed is the *journaled watermark* (``status.journal.journaled_seq``):
+every event up to it is in the file, or listed as lost.
+
+The file is SQLite in WAL mode with ``synchronous=NORMAL``: a committed
+batch survives the daemon being killed (the kernel has the bytes), not
+necessarily a power cut (the last batches may go). docs/journal.md states
+the promise and the schema.
+
+A disk slower than the publishers slows them down: once half of
+``max_pending`` events wait for it, connections that publish wait in
+:meth:`Journal.room` before reading more (at most ``max_wait`` seconds per
+stall). Memory stays bounded when the disk is stuck: at most
+``max_pending`` events wait for it. Past that, events are still accepted,
+delivered and kept in the replay ring, but not journaled: the range is
+recorded as lost (reason ``behind``) and reported once as a
+``busd.internal.error``.
+
+``seq`` never goes back: every write also *reserves* the next
+``max_pending`` seqs (the most that can be waiting when a write commits),
+and a daemon that finds a reservation the last one did not release (it did
+not stop cleanly) starts after it and records the skipped range as lost
+(reason ``crash``). A resuming client gets a ``gap`` for lost ranges.
+
+Retention (:class:`Retention`) removes the oldest events, as a prefix of
+seq: everything older than ``max_age``, and more while the file is over
+``max_size``. Sessions whose events are all gone go with them.
+
+:class:`JournalFile` is the writer and :class:`JournalReader` a read-only
+view (``busd sessions``, ``busd export``, resumes); both are synchronous and
+run in worker threads (:mod:`busd.journalfile`); :class:`Journal` is the
+Trio shell.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Final, TypeAlias
+
+import msgspec
+import trio
+
+from .events import Envelope, Event
+from .journalfile import (
+    DEFAULT_MAX_AGE,
+    DEFAULT_MAX_SIZE,
+    PAGE_ROWS,
+    JournalError,
+    JournalFile,
+    JournalReader,
+    Opened,
+    Page,
+    Retention,
+    SessionRecord,
+    SessionRow,
+    parse_duration,
+    parse_size,
+    session_row,
+)
+
+__all__ = [
+    "DEFAULT_MAX_AGE",
+    "DEFAULT_MAX_PENDING",
+    "DEFAULT_MAX_SIZE",
+    "Found",
+    "Journal",
+    "JournalError",
+    "JournalReader",
+    "JournalSpan",
+    "Missing",
+    "Retention",
+    "SessionRecord",
+    "parse_duration",
+    "parse_size",
+    "session_row",
+]
+
+logger = logging.getLogger("busd.journal")
+
+DEFAULT_MAX_PENDING: Final = 100_000
+DEFAULT_MAX_WAIT: Final = 2.0
+DEFAULT_INTERVAL: Final = 0.05
+DEFAULT_BATCH_EVENTS: Final = 4096
+
+_PRUNE_EVERY = 600.0  # seconds between two age checks
+_RETRY = 1.0  # seconds before a failed write is tried again
+_PRUNE_ROUNDS = 5  # retention passes at most, each on the size the last one left
+
+
+# -- resuming from the journal ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """Events to send, in seq order."""
+
+    seqs: list[int]
+    raws: list[msgspec.Raw]
+
+
+@dataclass(frozen=True, slots=True)
+class Missing:
+    """Seqs ``from_seq..to_seq`` (inclusive) that neither the journal nor memory holds."""
+
+    from_seq: int
+    to_seq: int
+
+
+Item: TypeAlias = Found | Missing
+RowFilter: TypeAlias = Callable[[str, str | None, str | None, bool], bool]
+EnvelopeFilter: TypeAlias = Callable[[Envelope[Event]], bool]
+
+
+def page_items(cursor: int, page: Page, wants: RowFilter) -> list[Item]:
+    """A page as what to send: gaps for pruned and lost seqs, runs of wanted events between."""
+    items: list[Item] = []
+    end = page.end
+    if cursor < page.floor:
+        items.append(Missing(cursor + 1, min(page.floor, end)))
+        cursor = page.floor
+    lost = [(max(a, cursor + 1), min(b, end)) for a, b in page.lost if b > cursor and a <= end]
+    seqs: list[int] = []
+    raws: list[msgspec.Raw] = []
+    i = 0
+    for seq, name, session_id, run_id, stale, blob in page.rows:
+        if seq <= cursor:
+            continue
+        while i < len(lost) and lost[i][0] < seq:
+            if seqs:
+                items.append(Found(seqs, raws))
+                seqs, raws = [], []
+            items.append(Missing(*lost[i]))
+            i += 1
+        if wants(name, session_id, run_id, bool(stale)):
+            seqs.append(seq)
+            raws.append(msgspec.Raw(blob))
+    if seqs:
+        items.append(Found(seqs, raws))
+    items.extend(Missing(*r) for r in lost[i:])
+    return items
+
+
+def memory_items(
+    entries: Sequence[tuple[Envelope[Event], msgspec.Raw]],
+    lost: Sequence[tuple[int, int]],
+    wants: EnvelopeFilter,
+) -> list[Item]:
+    """Not yet written events and lost ranges, merged in seq order."""
+    items: list[Item] = []
+    seqs: list[int] = []
+    raws: list[msgspec.Raw] = []
+    ranges = sorted(lost)
+    i = 0
+    for envelope, raw in entries:
+        while i < len(ranges) and ranges[i][0] < envelope.seq:
+            if seqs:
+                items.append(Found(seqs, raws))
+                seqs, raws = [], []
+            items.append(Missing(*ranges[i]))
+            i += 1
+        if wants(envelope):
+            seqs.append(envelope.seq)
+            raws.append(raw)
+    if seqs:
+        items.append(Found(seqs, raws))
+    items.extend(Missing(*r) for r in ranges[i:])
+    return items
+
+
+@dataclass(frozen=True, slots=True)
+class JournalSpan:
+    """Seqs ``after < seq <= upto`` for one resume: from the file up to ``db_upto``, then memory.
+
+    Made synchronously (so nothing can fall between it and the replay ring),
+    read later, in worker threads.
+    """
+
+    path: Path
+    after: int
+    db_upto: int
+    upto: int
+    entries: list[tuple[Envelope[Event], msgspec.Raw]]
+    lost: list[tuple[int, int]]
+
+    async def read(
+        self,
+        wants_row: RowFilter,
+        wants: EnvelopeFilter,
+        *,
+        sessions: Sequence[str] | None = None,
+        page: int = PAGE_ROWS,
+    ) -> AsyncGenerator[Item, None]:
+        """What to send, in seq order; a gap for anything the journal cannot give."""
+        cursor = self.after
+        if cursor < self.db_upto:
+            try:
+                reader = await trio.to_thread.run_sync(JournalReader, self.path)
+            except JournalError as exc:
+                logger.error("resume from the journal: %s", exc)
+                yield Missing(cursor + 1, self.db_upto)
+            else:
+                try:
+                    while cursor < self.db_upto:
+                        try:
+                            found = await trio.to_thread.run_sync(
+                                partial(
+                                    reader.page, cursor, self.db_upto, limit=page, sessions=sessions
+                                )
+                            )
+                        except sqlite3.Error as exc:
+                            logger.error("resume from the journal %s: %s", self.path, exc)
+                            yield Missing(cursor + 1, self.db_upto)
+                            break
+                        for item in page_items(cursor, found, wants_row):
+                            yield item
+                        cursor = found.end
+                finally:
+                    reader.close()
+        for item in memory_items(self.entries, self.lost, wants):
+            yield item
+
+
+# -- the Trio shell ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Counters:
+    lost: int = 0
+    duplicates: int = 0
+    write_errors: int = 0
+    events: int = 0
+    bytes: int = 0
+    floor: int = 0
+
+
+SessionsSince: TypeAlias = Callable[[int], list[SessionRow]]
+
+
+class Journal:
+    """Batches accepted events into the journal file, off the hot path.
+
+    :param sessions: the ``sessions`` rows of every session with an event
+        after a given seq (the daemon's registry, through :func:`session_row`).
+    :param report: told, once per episode, that events were not journaled
+        or that writes fail (the daemon publishes it as ``busd.internal.error``).
+    """
+
+    def __init__(
+        self,
+        file: JournalFile,
+        opened: Opened,
+        *,
+        sessions: SessionsSince,
+        report: Callable[[str], object] = lambda message: None,
+        retention: Retention | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        interval: float = DEFAULT_INTERVAL,
+        batch_events: int = DEFAULT_BATCH_EVENTS,
+        max_wait: float = DEFAULT_MAX_WAIT,
+    ) -> None:
+        if max_pending < 2:
+            raise ValueError("max_pending must be at least 2")
+        self.file = file
+        self.path = file.path
+        self.retention = retention if retention is not None else Retention()
+        self.max_pending = max_pending
+        self.high_water = max_pending // 2
+        self.max_wait = max_wait
+        self.interval = interval
+        self.batch_events = batch_events
+        self.restored = opened.sessions
+        self.next_seq = opened.next_seq
+        self.crashed = opened.crashed
+        self._sessions = sessions
+        self._report = report
+        self._pending: list[tuple[Envelope[Event], msgspec.Raw]] = []
+        self._lost: list[tuple[int, int]] = []  # not journaled, not yet recorded
+        self._flushing: list[tuple[Envelope[Event], msgspec.Raw]] = []  # a write in flight
+        self._flushing_lost: list[tuple[int, int]] = []
+        self._journaled = opened.next_seq - 1
+        self._sessions_seq = opened.next_seq - 1
+        self._reserved = 0 if self._journaled == 0 else self._journaled + max_pending
+        self._behind = False  # dropping events until the next write
+        self._failing = False
+        self._stalled = False  # publishers waited max_wait in vain: stop holding them
+        self._wake = trio.Event()
+        self._full = trio.Event()
+        self._written = trio.Event()  # set (and replaced) by every successful write
+        self._over_size = False
+        stats = file.statistics()
+        self._counters = _Counters(events=stats["events"], bytes=stats["bytes"])
+        self._counters.floor = stats["floor"]
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        sessions: SessionsSince,
+        keep_sessions: int = 10_000,
+        **options: Any,
+    ) -> Journal:
+        """Open the file, recover from an unclean stop, reserve seqs (:class:`JournalError`)."""
+        file = JournalFile.open(path)
+        try:
+            opened = file.recover(
+                reserve=options.get("max_pending", DEFAULT_MAX_PENDING), sessions=keep_sessions
+            )
+            return cls(file, opened, sessions=sessions, **options)
+        except sqlite3.Error as exc:
+            file.close()
+            raise JournalError(f"cannot use the journal {path}: {exc}") from None
+        except BaseException:
+            file.close()
+            raise
+
+    # -- the hot path ----------------------------------------------------------
+
+    def append(self, envelope: Envelope[Event], raw: msgspec.Raw) -> None:
+        """Queue one accepted envelope for the next write (never blocks, never fails)."""
+        pending = self._pending
+        if len(pending) + len(self._flushing) >= self.max_pending:
+            self._drop(envelope.seq)
+            return
+        pending.append((envelope, raw))
+        n = len(pending)
+        if n == 1:
+            self._wake.set()
+        elif n == self.batch_events:
+            self._full.set()
+
+    def _drop(self, seq: int) -> None:
+        self._counters.lost += 1
+        lost = self._lost
+        if lost and lost[-1][1] == seq - 1:
+            lost[-1] = (lost[-1][0], seq)
+        else:
+            lost.append((seq, seq))
+        self._wake.set()
+        if not self._behind:
+            self._behind = True
+            self._report(
+                f"the journal is {self.max_pending} events behind (the disk is too slow): "
+                f"events from seq {seq} on are not journaled until it catches up"
+            )
+
+    # -- writing ---------------------------------------------------------------
+
+    @property
+    def journaled_seq(self) -> int:
+        """Every event up to this seq is in the file or recorded as lost."""
+        return self._journaled
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending) + len(self._flushing)
+
+    @property
+    def congested(self) -> bool:
+        """Publishers should wait: half of ``max_pending`` events wait for the disk."""
+        return len(self._pending) + len(self._flushing) >= self.high_water and not self._stalled
+
+    async def room(self) -> None:
+        """Wait until the journal is below its high-water mark (a publisher's backpressure).
+
+        A disk stuck for ``max_wait`` seconds lets publishers go until the
+        next write succeeds: the live stream does not stop for it, and what
+        does not fit in ``max_pending`` is recorded as lost.
+        """
+        with trio.move_on_after(self.max_wait) as scope:
+            while self.congested:
+                await self._written.wait()
+        if scope.cancelled_caught and not self._stalled:
+            self._stalled = True
+            logger.warning("the journal has not written for %.1f s", self.max_wait)
+
+    async def journaled(self, seq: int) -> None:
+        """Return once every event up to ``seq`` is journaled (or recorded as lost)."""
+        while self._journaled < seq:
+            await self._written.wait()
+
+    def _has_work(self) -> bool:
+        return bool(self._pending or self._lost or self._flushing or self._flushing_lost)
+
+    async def flush(self) -> bool:
+        """Write everything queued so far in one transaction; ``False`` if the write failed."""
+        if self._pending or self._lost:  # after a failed write: that batch and the new events
+            self._flushing = self._flushing + self._pending
+            self._flushing_lost = self._flushing_lost + self._lost
+            self._pending = []
+            self._lost = []
+        batch, lost = self._flushing, self._flushing_lost
+        if not batch and not lost:
+            return True
+        head = max(batch[-1][0].seq if batch else 0, max((b for _, b in lost), default=0))
+        reserved = head + self.max_pending
+        sessions = self._sessions(self._sessions_seq)
+        try:
+            written = await trio.to_thread.run_sync(
+                lambda: self.file.write(
+                    batch,
+                    [(a, b, "behind") for a, b in lost],
+                    sessions,
+                    head=head,
+                    reserved=reserved,
+                )
+            )
+        except (sqlite3.Error, OSError) as exc:
+            self._counters.write_errors += 1
+            logger.error("cannot write the journal %s: %s", self.path, exc)
+            if not self._failing:
+                self._failing = True
+                self._report(f"cannot write the journal {self.path}: {exc} (retrying)")
+            return False
+        self._flushing, self._flushing_lost = [], []
+        self._stalled = False
+        self._journaled = max(self._journaled, head)
+        self._sessions_seq = max(self._sessions_seq, head)
+        self._reserved = reserved
+        self._written.set()
+        self._written = trio.Event()
+        counters = self._counters
+        counters.events += written.inserted
+        counters.duplicates += len(batch) - written.inserted
+        counters.bytes = written.bytes
+        if self.retention.max_size is not None and written.bytes > self.retention.max_size:
+            self._over_size = True
+        if lost:
+            ranges = ", ".join(f"{a}..{b}" for a, b in lost)
+            self._report(f"the journal caught up; events {ranges} were not journaled")
+        if self._behind and not self._lost:
+            self._behind = False
+        if self._failing:
+            self._failing = False
+            self._report(f"the journal {self.path} is written again")
+        return True
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write batches, and apply retention at start, every 10 minutes and when over size."""
+        task_status.started()
+        prune_at = trio.current_time()
+        while True:
+            if trio.current_time() >= prune_at or self._over_size:
+                await self.prune()
+                prune_at = trio.current_time() + _PRUNE_EVERY
+            if not self._has_work():
+                self._wake = trio.Event()
+                with trio.move_on_at(prune_at):
+                    await self._wake.wait()
+                continue
+            if self._reserved and len(self._pending) < self.batch_events:
+                self._full = trio.Event()
+                with trio.move_on_after(self.interval):
+                    await self._full.wait()
+            if not await self.flush():
+                await trio.sleep(_RETRY)
+
+    async def prune(self, now: float | None = None) -> int:
+        """Apply retention now (``now``: epoch seconds, for tests); the events removed.
+
+        Size is estimated from the average event, so a few rounds may be needed.
+        """
+        self._over_size = False
+        when = time.time() if now is None else now
+        removed = 0
+        try:
+            for again in range(_PRUNE_ROUNDS):
+                target = await trio.to_thread.run_sync(
+                    partial(self.file.prune_target, self.retention, when, again=again > 0)
+                )
+                if target <= self._counters.floor:
+                    break
+                while target > self._counters.floor:
+                    floor, count = await trio.to_thread.run_sync(self.file.prune_step, target)
+                    self._counters.floor = floor
+                    self._counters.events -= count
+                    removed += count
+                    if self.pending >= self.batch_events:
+                        await self.flush()  # a long prune does not hold the writes up
+                self._counters.bytes = await trio.to_thread.run_sync(self.file.vacuum)
+            if removed:
+                logger.info(
+                    "journal retention removed %d events (up to seq %d)",
+                    removed,
+                    self._counters.floor,
+                )
+        except sqlite3.Error as exc:
+            logger.error("journal retention failed on %s: %s", self.path, exc)
+        return removed
+
+    async def aclose(self) -> None:
+        """Write what is left, release the reservation and close (the daemon is stopping)."""
+        for _ in range(3):  # a failing disk gets a few tries, not forever
+            if not self._has_work():
+                break
+            await self.flush()  # reports published meanwhile are written by the next round
+        head = self._journaled
+        clean = not self._has_work()
+
+        def finish() -> None:
+            try:
+                if clean:
+                    self.file.release(head)
+            finally:
+                self.file.close()
+
+        await trio.to_thread.run_sync(finish)
+
+    # -- resuming --------------------------------------------------------------
+
+    def span(self, after: int, upto: int) -> JournalSpan:
+        """Capture seqs ``after < seq <= upto`` for a resume: call it synchronously."""
+        db_upto = min(upto, self._journaled)
+        entries = [
+            item
+            for item in (*self._flushing, *self._pending)
+            if db_upto < item[0].seq <= upto and item[0].seq > after
+        ]
+        lost = [
+            (max(a, db_upto + 1, after + 1), min(b, upto))
+            for a, b in (*self._flushing_lost, *self._lost)
+            if b > max(db_upto, after) and a <= upto
+        ]
+        return JournalSpan(self.path, after, db_upto, upto, entries, lost)
+
+    def statistics(self) -> dict[str, Any]:
+        c = self._counters
+        return {
+            "path": str(self.path),
+            "journaled_seq": self._journaled,
+            "pending": self.pending,
+            "events": c.events,
+            "bytes": c.bytes,
+            "oldest_seq": c.floor + 1 if c.events else None,
+            "lost": c.lost,
+            "duplicates": c.duplicates,
+            "write_errors": c.write_errors,
+            "max_age_s": self.retention.max_age,
+            "max_size": self.retention.max_size,
+        }

@@ -1,0 +1,695 @@
+"""The journal's SQLite file: its schema, the writer and a read-only view.
+
+Synchronous, for worker threads (:mod:`busd.journal` is the Trio side that
+batches writes). One daemon writes a journal, holding ``PATH.lock``; any
+number of readers (``busd sessions``, ``busd export``, resuming clients)
+read it at the same time, daemon or not: WAL mode lets them.
+
+What is stored (docs/journal.md has the full schema): ``events``, one row
+per accepted event keyed by ``seq`` with its id, time, session, run, type
+and msgpack envelope; ``lost``, seq ranges the daemon accepted but could
+not journal; ``sessions``, each session's summary as last written, with its
+final usage, stats and context; ``meta``, the head seq, the seq reservation,
+the retention floor and the event count. ``PRAGMA user_version`` is the
+schema version and ``PRAGMA application_id`` says the file is busd's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import re
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Final, TypeAlias, cast
+
+import msgspec
+
+from .errors import BusdError
+from .events import ContextUsage, Envelope, Event, StreamingStats, TokenUsage
+from .sessions import SessionState, SessionStatus, SessionSummary
+
+__all__ = [
+    "APPLICATION_ID",
+    "DEFAULT_MAX_AGE",
+    "DEFAULT_MAX_SIZE",
+    "PAGE_ROWS",
+    "SCHEMA_VERSION",
+    "JournalError",
+    "JournalFile",
+    "JournalReader",
+    "Opened",
+    "Page",
+    "Retention",
+    "SessionRecord",
+    "SessionRow",
+    "Written",
+    "parse_duration",
+    "parse_size",
+    "session_row",
+]
+
+SCHEMA_VERSION: Final = 1
+"""``PRAGMA user_version`` of the files this busd writes; it refuses newer ones."""
+APPLICATION_ID: Final = 0x62757364
+"""``PRAGMA application_id``: "busd", so a stranger's SQLite file is not mistaken for ours."""
+
+DEFAULT_MAX_AGE: Final = 30 * 86_400.0
+DEFAULT_MAX_SIZE: Final = 1 << 30
+
+_PRUNE_CHUNK = 20_000  # events deleted per transaction
+_SIZE_TARGET = 0.9  # a size prune brings the file to this fraction of the limit
+PAGE_ROWS = 2_000  # rows per read of a resume
+_WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint
+
+
+class JournalError(BusdError):
+    """The journal cannot be used; the message says which file and why."""
+
+
+# -- units -----------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``2w``, ``3600`` (seconds) -> seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration such as 30d, 12h, 90m or 3600")
+    seconds = float(match[1]) * _DURATION_UNITS[(match[2] or "s").lower()]
+    return seconds
+
+
+def parse_size(text: str) -> int:
+    """``1GiB``, ``500MiB``, ``2G``, ``1048576`` -> bytes (K, M, G, T are powers of 1024)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size such as 1GiB, 500MiB or 1048576")
+    prefix = match[2].lower()
+    size = float(match[1]) * 1024 ** ("kmgt".index(prefix) + 1 if prefix else 0)
+    return int(size)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much history the journal keeps; ``None`` means no limit of that kind."""
+
+    max_age: float | None = DEFAULT_MAX_AGE
+    """Seconds: events accepted longer ago are removed."""
+    max_size: int | None = DEFAULT_MAX_SIZE
+    """Bytes of database (the WAL aside): the oldest events go while it is over."""
+
+
+# -- what is stored --------------------------------------------------------------
+
+_SCHEMA = f"""
+BEGIN;
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    ts REAL NOT NULL,
+    session_id TEXT,
+    run_id TEXT,
+    type TEXT NOT NULL,
+    stale INTEGER NOT NULL,
+    envelope BLOB NOT NULL
+);
+CREATE INDEX events_by_session ON events (session_id, seq) WHERE session_id IS NOT NULL;
+CREATE TABLE lost (
+    from_seq INTEGER PRIMARY KEY,
+    to_seq INTEGER NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    title TEXT,
+    model TEXT,
+    adapter TEXT,
+    cwd TEXT,
+    parent_session_id TEXT,
+    run_id TEXT,
+    error TEXT,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    first_ts REAL NOT NULL,
+    last_ts REAL NOT NULL,
+    events INTEGER NOT NULL,
+    usage BLOB,
+    stats BLOB,
+    context BLOB
+);
+CREATE INDEX sessions_by_last_seq ON sessions (last_seq);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO meta VALUES ('head', 0), ('reserved', 0), ('floor', 0), ('events', 0);
+PRAGMA application_id = {APPLICATION_ID};
+PRAGMA user_version = {SCHEMA_VERSION};
+COMMIT;
+"""
+
+_ROWS_PER_INSERT = 256  # events per INSERT statement (8 parameters each)
+
+
+@cache
+def _insert_events(rows: int) -> str:
+    return "INSERT OR IGNORE INTO events VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
+
+
+def _chunks(count: int) -> Iterator[int]:
+    """Statement sizes for ``count`` rows: 256s, then powers of two (few distinct statements)."""
+    while count >= _ROWS_PER_INSERT:
+        yield _ROWS_PER_INSERT
+        count -= _ROWS_PER_INSERT
+    size = _ROWS_PER_INSERT
+    while count:
+        size //= 2
+        if count >= size:
+            yield size
+            count -= size
+
+
+_SESSION_COLUMNS = (
+    "session_id, status, title, model, adapter, cwd, parent_session_id, run_id, error, "
+    "first_seq, last_seq, first_ts, last_ts, events, usage, stats, context"
+)
+_UPSERT_SESSION = f"""
+INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES ({", ".join("?" * 17)})
+ON CONFLICT (session_id) DO UPDATE SET
+    status = excluded.status, title = excluded.title, model = excluded.model,
+    adapter = excluded.adapter, cwd = excluded.cwd,
+    parent_session_id = excluded.parent_session_id, run_id = excluded.run_id,
+    error = excluded.error, first_seq = min(first_seq, excluded.first_seq),
+    last_seq = excluded.last_seq, first_ts = min(first_ts, excluded.first_ts),
+    last_ts = excluded.last_ts, events = max(events, excluded.events),
+    usage = excluded.usage, stats = excluded.stats, context = excluded.context
+"""
+
+_json = msgspec.json.Encoder()
+
+
+def _blob(value: msgspec.Struct | None) -> bytes | None:
+    return None if value is None else _json.encode(value)
+
+
+SessionRow: TypeAlias = tuple[Any, ...]
+
+
+def session_row(state: SessionState) -> SessionRow:
+    """The ``sessions`` row of a live session."""
+    return (
+        state.session_id,
+        state.status,
+        state.title,
+        state.model,
+        state.adapter,
+        state.cwd,
+        state.parent_session_id,
+        state.run_id,
+        state.error,
+        state.first_seq,
+        state.last_seq,
+        state.first_ts,
+        state.last_ts,
+        state.events,
+        _blob(state.usage),
+        _blob(state.stats),
+        _blob(state.context),
+    )
+
+
+class SessionRecord(SessionSummary, frozen=True, kw_only=True, omit_defaults=True):
+    """A journaled session: its summary as last written, its final stats and context.
+
+    ``truncated`` is true when retention has removed its oldest events.
+    """
+
+    stats: StreamingStats | None = None
+    context: ContextUsage | None = None
+    truncated: bool = False
+
+
+_usage_decoder = msgspec.json.Decoder(TokenUsage)
+_stats_decoder = msgspec.json.Decoder(StreamingStats)
+_context_decoder = msgspec.json.Decoder(ContextUsage)
+
+
+def _record(row: Sequence[Any], floor: int) -> SessionRecord:
+    (sid, status, title, model, adapter, cwd, parent, run_id, error) = row[:9]
+    first_seq, last_seq, first_ts, last_ts, events, usage, stats, context = row[9:]
+    return SessionRecord(
+        session_id=sid,
+        status=cast(SessionStatus, status if status in ("active", "idle", "error") else "idle"),
+        title=title,
+        model=model,
+        adapter=adapter,
+        cwd=cwd,
+        parent_session_id=parent,
+        run_id=run_id,
+        error=error,
+        first_seq=first_seq,
+        last_seq=last_seq,
+        first_ts=first_ts,
+        last_ts=last_ts,
+        events=events,
+        usage=None if usage is None else _usage_decoder.decode(usage),
+        stats=None if stats is None else _stats_decoder.decode(stats),
+        context=None if context is None else _context_decoder.decode(context),
+        truncated=first_seq <= floor,
+    )
+
+
+# -- opening a file ----------------------------------------------------------------
+
+
+def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
+    if read_only:
+        uri = f"{path.absolute().as_uri()}?mode=ro"
+        return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+
+def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
+    """Create the schema in an empty file, or make sure the file is a journal we can read."""
+    try:
+        app = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.DatabaseError as exc:  # "file is not a database"
+        raise JournalError(f"{path} is not a busd journal ({exc})") from None
+    if app == 0 and objects == 0:
+        if not create:
+            raise JournalError(f"{path} is an empty file, not a busd journal yet")
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # before the first table
+        conn.execute("PRAGMA page_size = 8192")  # before WAL mode; fewer, fuller pages
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.executescript(_SCHEMA)
+        return
+    if app != APPLICATION_ID:
+        raise JournalError(f"{path} is an SQLite database but not a busd journal")
+    if version > SCHEMA_VERSION:
+        raise JournalError(
+            f"{path} was written by a newer busd (journal schema {version}; this busd "
+            f"reads {SCHEMA_VERSION}): use that busd, or another --journal"
+        )
+    if version < SCHEMA_VERSION:
+        raise JournalError(f"{path} has journal schema {version}, which this busd cannot read")
+
+
+def _lock(path: Path) -> int:
+    """Hold ``PATH.lock``: one daemon writes a journal (readers need no lock)."""
+    lock_path = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise JournalError(f"cannot open {lock_path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            pid = int(os.pread(fd, 32, 0))
+        except ValueError:
+            pid = None
+        os.close(fd)
+        holder = f" (pid {pid})" if pid is not None else ""
+        raise JournalError(f"the journal {path} is in use by another busd{holder}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What a journal says when a daemon opens it."""
+
+    next_seq: int
+    """The first seq the daemon gives: after everything recorded and reserved."""
+    crashed: tuple[int, int] | None
+    """Seqs the last daemon reserved and may have given without journaling them."""
+    sessions: list[SessionRecord]
+    """The most recently active sessions, oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    inserted: int
+    bytes: int
+
+
+class JournalFile:
+    """The writer: one open, locked journal. Synchronous; call it from one thread at a time."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, lock_fd: int) -> None:
+        self.path = path
+        self._conn = conn
+        self._lock_fd = lock_fd
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> JournalFile:
+        """Open (or create) the journal at ``path``; :class:`JournalError` if it cannot be."""
+        path = Path(path)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise JournalError(f"cannot create {path.parent}: {exc.strerror or exc}") from None
+        if path.exists() and not path.is_file():
+            raise JournalError(f"the journal {path} exists and is not a file")
+        lock_fd = _lock(path)
+        try:  # born 0600 (an empty file is an empty database); SQLite's -wal/-shm copy it
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        except OSError as exc:
+            os.close(lock_fd)
+            raise JournalError(f"cannot create the journal {path}: {exc.strerror}") from None
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = _connect(path, read_only=False)
+            _check(conn, path, create=True)
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise JournalError(f"{path}: SQLite cannot use WAL mode there ({mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA cache_size = -16384")  # KiB: the indexes' hot pages stay
+            conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT}")
+            conn.execute("PRAGMA busy_timeout = 5000")
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            os.close(lock_fd)
+            raise JournalError(f"cannot open the journal {path}: {exc}") from None
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            os.close(lock_fd)
+            raise
+        return cls(path, conn, lock_fd)
+
+    def _meta(self) -> dict[str, int]:
+        return dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def recover(self, *, reserve: int, sessions: int) -> Opened:
+        """Account for an unclean stop, reserve seqs, and read back the latest sessions."""
+        conn = self._conn
+        meta = self._meta()
+        head, reserved = meta["head"], meta["reserved"]
+        crashed = (head + 1, reserved) if reserved > head else None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if crashed is not None:
+                conn.execute("INSERT OR REPLACE INTO lost VALUES (?, ?, 'crash')", crashed)
+                head = reserved
+            # A journal with history reserves at once: a crash before the first
+            # write of this life must not give its seqs again either.
+            new_reserved = head + reserve if head else 0
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'head'", (head,))
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'reserved'", (new_reserved,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        rows = conn.execute(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY last_seq DESC LIMIT ?", (sessions,)
+        ).fetchall()
+        floor = meta["floor"]
+        return Opened(head + 1, crashed, [_record(row, floor) for row in reversed(rows)])
+
+    def statistics(self) -> dict[str, int]:
+        meta = self._meta()
+        meta["bytes"] = self.size()
+        return meta
+
+    def size(self) -> int:
+        """Bytes of database in use (the file's size minus its free pages)."""
+        conn = self._conn
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        return int((pages - free) * page_size)
+
+    def write(
+        self,
+        batch: Sequence[tuple[Envelope[Event], msgspec.Raw]],
+        lost: Sequence[tuple[int, int, str]],
+        sessions: Sequence[SessionRow],
+        *,
+        head: int,
+        reserved: int,
+    ) -> Written:
+        """One transaction: the events, the lost ranges, the sessions touched, the watermark."""
+        conn = self._conn
+        before = conn.total_changes
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Many rows per statement: far fewer trips between Python and SQLite.
+            start = 0
+            for size in _chunks(len(batch)):
+                conn.execute(_insert_events(size), _parameters(batch, start, start + size))
+                start += size
+            inserted = conn.total_changes - before
+            if lost:
+                conn.executemany("INSERT OR REPLACE INTO lost VALUES (?, ?, ?)", lost)
+            if sessions:
+                conn.executemany(_UPSERT_SESSION, sessions)
+            conn.execute(
+                "UPDATE meta SET value = CASE key WHEN 'head' THEN ? WHEN 'reserved' THEN ? "
+                "ELSE value + ? END WHERE key IN ('head', 'reserved', 'events')",
+                (head, reserved, inserted),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return Written(inserted, self.size())
+
+    def release(self, head: int) -> None:
+        """A clean stop: nothing past ``head`` was given, so the next daemon continues there."""
+        self._conn.execute("UPDATE meta SET value = ? WHERE key = 'reserved'", (head,))
+
+    # -- retention ---------------------------------------------------------------
+
+    def prune_target(self, retention: Retention, now: float, *, again: bool = False) -> int:
+        """The seq up to which retention removes events (the current floor: nothing to do).
+
+        Over ``max_size``, the oldest events go until the file is about
+        ``_SIZE_TARGET`` of it (estimated from the average event); ``again``
+        (a further round) prunes whenever the file is still over that target.
+        """
+        conn = self._conn
+        floor = self._meta()["floor"]
+        target = floor
+        if retention.max_age is not None:
+            before = self._last_before(now - retention.max_age)
+            if before is not None:
+                target = max(target, before)
+        if retention.max_size is not None:
+            size = self.size()
+            aim = retention.max_size * _SIZE_TARGET
+            if size > (aim if again else retention.max_size):
+                events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+                drop = min(events, max(1, math.ceil(events * (size - aim) / size)))
+                row = conn.execute(
+                    "SELECT seq FROM events ORDER BY seq LIMIT 1 OFFSET ?", (drop - 1,)
+                ).fetchone()
+                if row is not None:
+                    target = max(target, row[0])
+        return target
+
+    def _last_before(self, cutoff: float) -> int | None:
+        """The last seq accepted before ``cutoff`` (accept times follow seq: a binary search)."""
+        conn = self._conn
+
+        def at(seq: int) -> tuple[int, float]:
+            row = conn.execute(
+                "SELECT seq, ts FROM events WHERE seq >= ? ORDER BY seq LIMIT 1", (seq,)
+            ).fetchone()
+            return int(row[0]), float(row[1])
+
+        lo_hi = conn.execute("SELECT min(seq), max(seq) FROM events").fetchone()
+        if lo_hi[0] is None:
+            return None
+        lo, hi = int(lo_hi[0]), int(lo_hi[1])
+        if at(lo)[1] >= cutoff:
+            return None
+        if at(hi)[1] < cutoff:
+            return hi
+        while hi - lo > 1:  # at(lo) is before the cutoff, everything from hi on is not
+            mid = (lo + hi) // 2
+            seq, ts = at(mid)
+            if ts < cutoff:
+                lo = seq
+            else:
+                hi = mid
+        return lo
+
+    def prune_step(self, target: int) -> tuple[int, int]:
+        """Remove up to ``_PRUNE_CHUNK`` events at or below ``target``: (new floor, removed)."""
+        conn = self._conn
+        row = conn.execute(
+            "SELECT seq FROM events WHERE seq <= ? ORDER BY seq LIMIT 1 OFFSET ?",
+            (target, _PRUNE_CHUNK - 1),
+        ).fetchone()
+        upto = target if row is None else min(target, int(row[0]))
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            before = conn.total_changes
+            conn.execute("DELETE FROM events WHERE seq <= ?", (upto,))
+            removed = conn.total_changes - before
+            conn.execute("DELETE FROM lost WHERE to_seq <= ?", (upto,))
+            conn.execute("DELETE FROM sessions WHERE last_seq <= ?", (upto,))
+            conn.execute(
+                "UPDATE meta SET value = CASE key WHEN 'floor' THEN max(value, ?) "
+                "ELSE value - ? END WHERE key IN ('floor', 'events')",
+                (upto, removed),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return upto, removed
+
+    def vacuum(self) -> int:
+        """Give the pages retention freed back to the file system; the size after."""
+        # executescript steps it to the end; execute() would free a single page.
+        self._conn.executescript("PRAGMA incremental_vacuum;")
+        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # never waits on readers
+        return self.size()
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("PRAGMA optimize")
+        self._conn.close()
+        os.close(self._lock_fd)
+
+
+def _parameters(
+    batch: Sequence[tuple[Envelope[Event], msgspec.Raw]], start: int, stop: int
+) -> list[Any]:
+    out: list[Any] = []
+    extend = out.extend
+    for i in range(start, stop):
+        envelope, raw = batch[i]
+        extend(
+            (
+                envelope.seq,
+                envelope.id,
+                envelope.ts,
+                envelope.session_id,
+                envelope.run_id,
+                envelope.event.__struct_config__.tag,
+                envelope.stale,
+                raw,
+            )
+        )
+    return out
+
+
+# -- reading -----------------------------------------------------------------------
+
+Row: TypeAlias = tuple[int, str, str | None, str | None, int, bytes]
+"""seq, type, session_id, run_id, stale, envelope bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One read of a seq range: the rows, and what is known lost in it."""
+
+    floor: int
+    rows: list[Row]
+    lost: list[tuple[int, int]]
+    end: int
+    """The last seq this page accounts for."""
+
+
+class JournalReader:
+    """A read-only view of a journal (works while a daemon writes it, and without one)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise JournalError(f"no journal at {self.path}")
+        try:
+            self._conn = _connect(self.path, read_only=True)
+        except sqlite3.Error as exc:
+            raise JournalError(f"cannot open the journal {self.path}: {exc}") from None
+        try:
+            _check(self._conn, self.path, create=False)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> JournalReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def meta(self) -> dict[str, int]:
+        return dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def page(
+        self,
+        after: int,
+        upto: int,
+        *,
+        limit: int = PAGE_ROWS,
+        sessions: Sequence[str] | None = None,
+    ) -> Page:
+        """Rows with ``after < seq <= upto`` (at most ``limit``), in one read transaction."""
+        conn = self._conn
+        where = "seq > ? AND seq <= ?"
+        params: list[Any] = [after, upto]
+        if sessions is not None:
+            where += f" AND session_id IN ({', '.join('?' * len(sessions))})"
+            params += sessions
+        conn.execute("BEGIN")
+        try:
+            floor = conn.execute("SELECT value FROM meta WHERE key = 'floor'").fetchone()[0]
+            rows: list[Row] = conn.execute(
+                "SELECT seq, type, session_id, run_id, stale, envelope FROM events "
+                f"WHERE {where} ORDER BY seq LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+            end = rows[-1][0] if len(rows) == limit else upto
+            lost = conn.execute(
+                "SELECT from_seq, to_seq FROM lost WHERE to_seq > ? AND from_seq <= ? "
+                "ORDER BY from_seq",
+                (after, end),
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        return Page(floor, rows, [(a, b) for a, b in lost], end)
+
+    def sessions(self, limit: int | None = None) -> list[SessionRecord]:
+        """Journaled sessions, most recently active first."""
+        floor = self.meta()["floor"]
+        rows = self._conn.execute(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY last_seq DESC LIMIT ?",
+            (-1 if limit is None else limit,),
+        ).fetchall()
+        return [_record(row, floor) for row in rows]
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        floor = self.meta()["floor"]
+        row = self._conn.execute(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return None if row is None else _record(row, floor)
+
+    def session_events(self, session_id: str) -> Iterator[bytes]:
+        """The msgpack envelopes of one session, in seq order."""
+        cursor = self._conn.execute(
+            "SELECT envelope FROM events WHERE session_id = ? ORDER BY seq", (session_id,)
+        )
+        for (blob,) in cursor:
+            yield blob

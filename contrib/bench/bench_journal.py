@@ -1,0 +1,146 @@
+"""The journal's cost: events/s through the daemon with the journal on and off, in one command.
+
+    python contrib/bench/bench_journal.py [--events 200000] [--subscribers 1] [--repeat 3]
+
+Two ``busd serve`` processes, one with ``--journal`` (a fresh file in a
+temporary directory) and one with ``--no-journal``, each measured the way
+``bench_fanout.py`` measures busd: one publisher process, N subscriber
+processes, the rate to the slowest subscriber, every event delivered in
+order. Rounds alternate between the two daemons, so the machine's noise
+falls on both; the best round of each counts. Then the latency at a steady
+rate (``--latency-rate``, default 5,000 events/s), publish to receive, p50
+and p99. After the runs, the journaled daemon's ``status`` must show every
+event journaled (nothing lost to a slow disk) and the file's size is
+reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_fanout import (
+    OUTBOUND_CAP,
+    PYTHON,
+    Outcome,
+    Processes,
+    Server,
+    _wait_connectable,
+    best,
+    measure,
+    percentile,
+    table,
+    terminate_on_sigterm,
+)
+
+
+def start_busd(procs: Processes, tmp: Path, name: str, journal: Path | None) -> Server:
+    path = tmp / f"{name}.sock"
+    argv = [PYTHON, "-m", "busd", "serve", "--socket", str(path), "--log-level", "warning"]
+    argv += ["--outbound-cap", str(OUTBOUND_CAP)]
+    argv += ["--journal", str(journal)] if journal is not None else ["--no-journal"]
+    worker = procs.start(name, argv, server=True)
+    _wait_connectable(socket.AF_UNIX, str(path), worker)
+    return Server("busd", str(path), worker)
+
+
+def status(server: Server) -> dict[str, object]:
+    out = subprocess.run(
+        [PYTHON, "-m", "busd", "status", "--json", "--socket", server.address],
+        capture_output=True,
+        check=True,
+    ).stdout
+    result: dict[str, object] = json.loads(out)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--subscribers", type=int, default=1)
+    parser.add_argument("--window-ms", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3, help="alternating rounds; the best counts")
+    parser.add_argument("--warmup", type=int, default=20_000)
+    parser.add_argument("--latency-rate", type=float, default=5_000.0)
+    parser.add_argument("--latency-events", type=int, default=10_000)
+    args = parser.parse_args()
+
+    with terminate_on_sigterm(), tempfile.TemporaryDirectory(prefix="busd-journal-") as name:
+        tmp = Path(name)
+        journal = tmp / "state" / "journal.sqlite3"
+        procs = Processes(tmp)
+        try:
+            servers = {
+                "journal on": start_busd(procs, tmp, "on", journal),
+                "journal off": start_busd(procs, tmp, "off", None),
+            }
+            for server in servers.values():
+                measure(procs, server, subscribers=1, events=args.warmup)
+            runs: dict[str, list[Outcome]] = {label: [] for label in servers}
+            for _ in range(args.repeat):
+                for label, server in servers.items():
+                    runs[label].append(
+                        measure(
+                            procs,
+                            server,
+                            subscribers=args.subscribers,
+                            events=args.events,
+                            window_ms=args.window_ms,
+                        )
+                    )
+            latency = {
+                label: measure(
+                    procs,
+                    server,
+                    subscribers=args.subscribers,
+                    events=args.latency_events,
+                    window_ms=args.window_ms,
+                    rate=args.latency_rate,
+                )
+                for label, server in servers.items()
+            }
+            time.sleep(0.2)  # a few write intervals, for the last batch
+            on = status(servers["journal on"])
+        finally:
+            procs.stop_all()
+        size = journal.stat().st_size if journal.exists() else 0
+
+    outcomes = {label: best(outcomes) for label, outcomes in runs.items()}
+    rows = []
+    for label, outcome in outcomes.items():
+        cpu = outcome.cpu_server / outcome.events * 1e6 if outcome.events else 0.0
+        late = sorted(latency[label].latencies_ns)
+        p50, p99 = (
+            (f"{percentile(late, 0.5) / 1e6:.2f}", f"{percentile(late, 0.99) / 1e6:.2f}")
+            if late
+            else (f"FAILED: {latency[label].problem}", "")
+        )
+        rows.append([label, outcome.cell(), f"{cpu:.1f}", p50, p99])
+    print(
+        f"{args.events:,} events, {args.subscribers} subscriber(s), window {args.window_ms} ms, "
+        f"best of {args.repeat}; latency at {args.latency_rate:,.0f} events/s"
+    )
+    print(table(["daemon", "events/s", "daemon CPU µs/event", "p50 ms", "p99 ms"], rows))
+    rate_on = outcomes["journal on"].rate
+    rate_off = outcomes["journal off"].rate
+    if rate_on and rate_off:
+        print(f"\nratio on/off: {rate_on / rate_off:.2f}")
+    journal_status = on["journal"]
+    assert isinstance(journal_status, dict)
+    print(
+        f"journal: {journal_status['events']:,} events, {size / 1e6:.1f} MB, "
+        f"journaled_seq {journal_status['journaled_seq']:,} of head {on['head_seq']:,}, "
+        f"lost {journal_status['lost']}"
+    )
+    if journal_status["lost"]:
+        sys.exit("the journal fell behind: events were not journaled")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""The journal with real ``busd serve`` processes: ``kill -9`` mid-stream, restart, resume.
+
+The durability promise under test (docs/journal.md): every event up to the
+``journaled_seq`` that ``status`` reported is in the journal after the
+daemon is killed, in order and with the same ids; the restarted daemon
+never gives a seq again; a resume from before the restart is served from
+the journal; ``busd sessions`` and ``busd export`` read it, daemon or not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from busd.client import Client, ConnectionLost, connect
+from busd.events import (
+    Envelope,
+    Event,
+    SessionIdle,
+    SessionStart,
+    TextComplete,
+    TextDelta,
+    ThinkingComplete,
+    TokenUsage,
+    ToolComplete,
+    ToolStart,
+    TurnEnd,
+    TurnStart,
+    Usage,
+)
+from busd.journalfile import SCHEMA_VERSION, JournalFile, JournalReader
+from busd.protocol import Status
+
+BUSD = [sys.executable, "-m", "busd"]
+SIGNATURE = "ErUBCkYIBRgCIkD0+signature/of/the/thinking=="
+
+
+@pytest.fixture
+def sock_path() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="busd-", dir="/tmp"))
+    yield directory / "run" / "bus.sock"
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "journal.sqlite3"
+
+
+async def read_line(stream: trio.abc.ReceiveStream) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await stream.receive_some(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+
+
+@asynccontextmanager
+async def serving(path: Path, journal: Path, *args: str) -> AsyncIterator[trio.Process]:
+    """``busd serve --journal JOURNAL`` in a subprocess, yielded once it listens."""
+    process = await trio.lowlevel.open_process(
+        [*BUSD, "serve", "--socket", str(path), "--journal", str(journal), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        with trio.fail_after(20):
+            line = await read_line(process.stdout)
+        assert f"listening on {path}" in line, line
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.fail_after(20):
+            await process.wait()
+
+
+async def busd(*args: str) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(60):
+        return await trio.run_process(
+            [*BUSD, *args], capture_stdout=True, capture_stderr=True, check=False
+        )
+
+
+def journaled(path: Path) -> list[tuple[int, str]]:
+    """(seq, id) of every event in the journal, read as a reader would."""
+    with JournalReader(path) as reader:
+        rows = reader.page(0, 1 << 62, limit=1 << 30).rows
+    return [(row[0], msgspec.msgpack.decode(row[5])["id"]) for row in rows]
+
+
+async def publish_until_cancelled(client: Client) -> None:
+    """A steady stream of deltas (bursts of 50), until the daemon dies under it."""
+    i = 0
+    try:
+        while True:
+            for _ in range(50):
+                await client.publish(TextDelta(message_id="m", text=f"{i} "), session_id="s1")
+                i += 1
+            await client.flush()
+            await trio.sleep(0.002)
+    except ConnectionLost:
+        pass
+
+
+async def test_kill_9_mid_stream_loses_nothing_journaled_and_reuses_no_seq(
+    sock_path: Path, journal: Path
+) -> None:
+    seen: list[tuple[int, str]] = []  # what a subscriber got from the first daemon
+    caught_up = trio.Event()  # the subscriber has seen everything acknowledged
+    acknowledged = 1 << 62
+    async with serving(sock_path, journal) as daemon:
+        async with (
+            connect(sock_path, client="watcher") as watcher,
+            connect(sock_path, client="publisher", role="agent") as publisher,
+            watcher.subscribe([">"], window_ms=0, deltas="raw") as sub,
+        ):
+
+            async def record() -> None:
+                try:
+                    async for batch in sub:
+                        seen.extend((e.seq, e.id) for e in batch.events)
+                        if seen and seen[-1][0] >= acknowledged:
+                            caught_up.set()
+                except ConnectionLost:
+                    pass
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(record)
+                nursery.start_soon(publish_until_cancelled, publisher)
+                with trio.fail_after(30):
+                    while True:  # a condition of another process: polled, with a deadline
+                        status = await watcher.request(Status())
+                        if status["journal"]["journaled_seq"] >= 3000:
+                            acknowledged = status["journal"]["journaled_seq"]
+                            break
+                        await trio.sleep(0.02)
+                    if seen and seen[-1][0] >= acknowledged:
+                        caught_up.set()
+                    await caught_up.wait()
+                    head_at_kill = (await watcher.request(Status()))["head_seq"]
+                daemon.kill()  # SIGKILL, mid-stream: the publisher is still going
+                await daemon.wait()
+                # Both clients notice; their tasks end.
+    assert daemon.returncode == -signal.SIGKILL
+    head_seen = max(head_at_kill, *(seq for seq, _ in seen))
+
+    ids = dict(seen)
+    durable = journaled(journal)
+    seqs = [seq for seq, _ in durable]
+    assert seqs == list(range(1, len(seqs) + 1))  # in order, no hole
+    assert len(seqs) >= acknowledged  # everything acknowledged is there
+    assert all(ids[seq] == event_id for seq, event_id in durable[:acknowledged])  # the same
+    assert all(ids.get(seq, event_id) == event_id for seq, event_id in durable)
+
+    async with serving(sock_path, journal):
+        async with connect(sock_path, client="again") as client:
+            status = await client.request(Status())
+            assert status["head_seq"] > head_seen  # no seq is given twice
+            assert status["journal"]["journaled_seq"] == status["head_seq"]
+            # Resume from before the kill: the journal serves it, with a gap for the
+            # seqs the dead daemon may have given without journaling them.
+            since = acknowledged // 2
+            events: list[Envelope[Event]] = []
+            gaps: list[tuple[int, int]] = []
+            async with client.subscribe([">"], since_seq=since, window_ms=0, deltas="raw") as sub2:
+                await client.publish(SessionIdle(), session_id="s1")
+                with trio.fail_after(20):
+                    async for batch in sub2:
+                        if batch.gap is not None:
+                            gaps.append(batch.gap)
+                        events += batch.events
+                        if any(type(e.event) is SessionIdle for e in batch.events):
+                            break
+    replayed = [(e.seq, e.id) for e in events if e.seq <= status["head_seq"]]
+    assert replayed == [(s, i) for s, i in durable if s > since]
+    assert gaps == [(len(durable) + 1, status["head_seq"])]
+    [idle] = [e for e in events if type(e.event) is SessionIdle]
+    assert idle.seq == status["head_seq"] + 1
+
+
+async def conversation(client: Client) -> None:
+    """One model call: signed thinking, text, a tool call and its result, usage."""
+    s = {"session_id": "s1"}
+    for event in [
+        SessionStart(model="claude-x", title="list the files", cwd="/tmp"),
+        TurnStart(turn_id="t1"),
+        ThinkingComplete(message_id="b0", text="ls will do.", signature=SIGNATURE),
+        TextDelta(message_id="b1", text="Listing"),
+        TextComplete(message_id="b1", text="Listing."),
+        ToolStart(tool_call_id="c1", name="Bash", input={"command": "ls"}),
+        Usage(tokens=TokenUsage(input_tokens=120, output_tokens=30), model="claude-x"),
+        TurnEnd(turn_id="t1", finish_reason="tool_use"),
+        ToolComplete(tool_call_id="c1", name="Bash", output="a\nb\n"),
+        SessionIdle(),
+    ]:
+        await client.publish(event, **s)
+    await client.flush()
+
+
+def exported(stdout: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+async def test_sessions_and_export_read_the_journal_with_or_without_the_daemon(
+    sock_path: Path, journal: Path, tmp_path: Path
+) -> None:
+    async with serving(sock_path, journal) as daemon:
+        async with connect(sock_path, client="agent", role="agent") as client:
+            await conversation(client)
+            with trio.fail_after(20):  # another process's condition: polled, with a deadline
+                while True:  # until the write that holds the whole conversation
+                    status = await client.request(Status())
+                    if status["journal"]["journaled_seq"] >= status["head_seq"]:
+                        break
+                    await trio.sleep(0.02)
+        listed = await busd("sessions", "--journal", str(journal))
+        assert listed.returncode == 0, listed.stderr
+        assert b"s1" in listed.stdout
+        assert b"list the files" in listed.stdout
+        daemon.send_signal(signal.SIGTERM)
+        await daemon.wait()
+
+    listed = await busd("sessions", "--journal", str(journal), "--json")
+    assert listed.returncode == 0, listed.stderr
+    [record] = json.loads(listed.stdout)
+    assert (record["session_id"], record["title"], record["model"]) == (
+        "s1",
+        "list the files",
+        "claude-x",
+    )
+    assert record["usage"] == {"input_tokens": 120, "output_tokens": 30}
+
+    lines = await busd("export", "s1", "--journal", str(journal))
+    assert lines.returncode == 0, lines.stderr
+    session, assistant, tool = exported(lines.stdout)
+    assert (session["kind"], session["session_id"], session["status"]) == ("session", "s1", "idle")
+    assert assistant["parts"][0] == {
+        "type": "reasoning",
+        "text": "ls will do.",
+        "message_id": "b0",
+        "signature": SIGNATURE,
+    }
+    assert [p["type"] for p in assistant["parts"]] == ["reasoning", "text", "tool_call"]
+    assert assistant["usage"] == {"input_tokens": 120, "output_tokens": 30}
+    assert tool["parts"][0]["output"] == "a\nb\n"
+
+    out = tmp_path / "s1.json"
+    document = await busd(
+        "export", "s1", "--journal", str(journal), "--format", "json", "-o", str(out)
+    )
+    assert document.returncode == 0, document.stderr
+    data = json.loads(out.read_text())
+    assert data["messages"][0]["parts"][0]["signature"] == SIGNATURE
+
+    unknown = await busd("export", "nope", "--journal", str(journal))
+    assert unknown.returncode == 1
+    assert b"no session 'nope'" in unknown.stderr
+    missing = await busd("sessions", "--journal", str(tmp_path / "none.sqlite3"))
+    assert missing.returncode == 1
+    assert b"no journal at" in missing.stderr
+
+
+def _not_sqlite(path: Path) -> None:
+    path.write_text("not a database\n" * 200)
+
+
+def _newer(path: Path) -> None:
+    JournalFile.open(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [(_not_sqlite, b"is not a busd journal"), (_newer, b"was written by a newer busd")],
+)
+async def test_serve_refuses_a_journal_it_cannot_use(
+    sock_path: Path, tmp_path: Path, make: Any, message: bytes
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    make(path)
+    result = await busd("serve", "--socket", str(sock_path), "--journal", str(path))
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert not sock_path.exists()  # it stopped before serving anyone
+
+
+async def test_no_journal_writes_nothing(sock_path: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    process = await trio.lowlevel.open_process(
+        [*BUSD, "serve", "--socket", str(sock_path), "--no-journal"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "XDG_STATE_HOME": str(state)},
+    )
+    try:
+        assert process.stdout is not None
+        with trio.fail_after(20):
+            assert "listening" in await read_line(process.stdout)
+        async with connect(sock_path, client="t") as client:
+            await client.publish(SessionIdle(), session_id="s1")
+            await client.flush()
+            assert (await client.request(Status()))["journal"] is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            await process.wait()
+    assert not state.exists()
