@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -85,3 +87,40 @@ class RawClient:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+BUSD = [sys.executable, "-m", "busd"]
+
+
+async def read_line(stream: trio.abc.ReceiveStream) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await stream.receive_some(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+
+
+@asynccontextmanager
+async def serving(path: Path, *args: str) -> AsyncIterator[trio.Process]:
+    """``busd serve`` in a subprocess (``BUSD``), yielded once it says it listens."""
+    process = await trio.lowlevel.open_process(
+        [*BUSD, "serve", "--socket", str(path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        with trio.fail_after(20):
+            line = await read_line(process.stdout)
+        assert f"listening on {path}" in line, line
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.fail_after(20):
+            await process.wait()
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                await pipe.aclose()

@@ -12,8 +12,7 @@ import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -31,7 +30,8 @@ from busd.protocol import (
     server_frame_decoder,
 )
 
-BUSD = [sys.executable, "-m", "busd"]
+from .daemon_helpers import BUSD, read_line, serving
+
 PUBLISHER = """
 import sys, trio
 from busd.client import connect
@@ -57,40 +57,6 @@ def sock_path() -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="busd-", dir="/tmp"))
     yield directory / "run" / "bus.sock"
     shutil.rmtree(directory, ignore_errors=True)
-
-
-async def read_line(stream: trio.abc.ReceiveStream) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = await stream.receive_some(1)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode()
-
-
-@asynccontextmanager
-async def serving(path: Path, *args: str) -> AsyncIterator[trio.Process]:
-    """``busd serve`` in a subprocess, yielded once it says it listens."""
-    process = await trio.lowlevel.open_process(
-        [*BUSD, "serve", "--socket", str(path), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        with trio.fail_after(20):
-            line = await read_line(process.stdout)
-        assert f"listening on {path}" in line, line
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-        with trio.fail_after(20):
-            await process.wait()
-        for pipe in (process.stdout, process.stderr):
-            if pipe is not None:
-                await pipe.aclose()
 
 
 async def busd(*args: str, check: bool = False) -> subprocess.CompletedProcess[bytes]:

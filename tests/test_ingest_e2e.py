@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 
-from .test_daemon_process import serving
+from .daemon_helpers import serving
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sdk"
 BUSD = [sys.executable, "-m", "busd"]

@@ -15,10 +15,8 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,8 @@ from busd.events import (
 from busd.journalfile import SCHEMA_VERSION, JournalFile, JournalReader
 from busd.protocol import Status
 
-BUSD = [sys.executable, "-m", "busd"]
+from .daemon_helpers import BUSD, read_line, serving
+
 SIGNATURE = "ErUBCkYIBRgCIkD0+signature/of/the/thinking=="
 
 
@@ -59,37 +58,6 @@ def sock_path() -> Iterator[Path]:
 @pytest.fixture
 def journal(tmp_path: Path) -> Path:
     return tmp_path / "state" / "journal.sqlite3"
-
-
-async def read_line(stream: trio.abc.ReceiveStream) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = await stream.receive_some(1)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode()
-
-
-@asynccontextmanager
-async def serving(path: Path, journal: Path, *args: str) -> AsyncIterator[trio.Process]:
-    """``busd serve --journal JOURNAL`` in a subprocess, yielded once it listens."""
-    process = await trio.lowlevel.open_process(
-        [*BUSD, "serve", "--socket", str(path), "--journal", str(journal), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        assert process.stdout is not None
-        with trio.fail_after(20):
-            line = await read_line(process.stdout)
-        assert f"listening on {path}" in line, line
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-        with trio.fail_after(20):
-            await process.wait()
 
 
 async def busd(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -126,7 +94,7 @@ async def test_kill_9_mid_stream_loses_nothing_journaled_and_reuses_no_seq(
     seen: list[tuple[int, str]] = []  # what a subscriber got from the first daemon
     caught_up = trio.Event()  # the subscriber has seen everything acknowledged
     acknowledged = 1 << 62
-    async with serving(sock_path, journal) as daemon:
+    async with serving(sock_path, "--journal", str(journal)) as daemon:
         async with (
             connect(sock_path, client="watcher") as watcher,
             connect(sock_path, client="publisher", role="agent") as publisher,
@@ -170,7 +138,7 @@ async def test_kill_9_mid_stream_loses_nothing_journaled_and_reuses_no_seq(
     assert all(ids[seq] == event_id for seq, event_id in durable[:acknowledged])  # the same
     assert all(ids.get(seq, event_id) == event_id for seq, event_id in durable)
 
-    async with serving(sock_path, journal):
+    async with serving(sock_path, "--journal", str(journal)):
         async with connect(sock_path, client="again") as client:
             status = await client.request(Status())
             assert status["head_seq"] > head_seen  # no seq is given twice
@@ -222,7 +190,7 @@ def exported(stdout: bytes) -> list[dict[str, Any]]:
 async def test_sessions_and_export_read_the_journal_with_or_without_the_daemon(
     sock_path: Path, journal: Path, tmp_path: Path
 ) -> None:
-    async with serving(sock_path, journal) as daemon:
+    async with serving(sock_path, "--journal", str(journal)) as daemon:
         async with connect(sock_path, client="agent", role="agent") as client:
             await conversation(client)
             with trio.fail_after(20):  # another process's condition: polled, with a deadline
