@@ -448,6 +448,11 @@ class SessionView(msgspec.Struct, kw_only=True):
             for pending in self.pending_permissions():
                 if pending.run_id == envelope.run_id:
                     pending.state = "cancelled"
+            for agent in (self.main, *self.agents.values()):
+                for block in agent.blocks:  # nothing will complete them now: stop their timers
+                    if isinstance(block, ToolBlock) and block.status == "running":
+                        block.status = "cancelled"
+                        block.duration_s = max(0.0, ts - block.started_ts)
 
     def _apply_agent(
         self, event: AgentStart | AgentUpdate | AgentComplete, parent: str | None

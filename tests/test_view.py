@@ -275,3 +275,15 @@ def test_a_silent_daemon_cannot_make_a_timer_run_away() -> None:
     feed(0, TextDelta(message_id="m", text="x"))
     feed(1, StreamingStats(elapsed_s=1, output_tokens=5))
     assert feed.view.live_stats(T0 + 100).elapsed_s == 2  # one second ahead at most
+
+
+def test_a_tool_left_running_when_its_run_ends_stops_its_timer() -> None:
+    feed = Feed()
+    feed(0, RunStarted(adapter="acp"), run_id="r")
+    feed(1, ToolStart(tool_call_id="t1", name="rm"), run_id="r")
+    feed(1.5, ToolStart(tool_call_id="t2", name="ls"), run_id="r")
+    feed(2, ToolComplete(tool_call_id="t2"), run_id="r")
+    feed(4, RunFinished(status="ok", duration_s=4), run_id="r")
+    left, done = feed.view.main.blocks
+    assert (left.status, left.elapsed(T0 + 100)) == ("cancelled", 3.0)
+    assert done.status == "ok"
