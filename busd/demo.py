@@ -127,7 +127,7 @@ async def run_demo(
             server = Server(daemon, endpoint.socket)
             async with trio.open_nursery() as nursery:
                 await nursery.start(server.run)
-                echo(_attach_help(path, keep=keep))
+                echo(_attach_help(path, runs=len(runs), keep=keep))
                 if auto_approve:
                     await nursery.start(_auto_approve, path)
                 async with connect(path, client="busd-demo") as client:
@@ -150,10 +150,11 @@ async def run_demo(
     return code
 
 
-def _attach_help(path: Path, *, keep: bool) -> str:
+def _attach_help(path: Path, *, runs: int, keep: bool) -> str:
     env = f"BUSD_SOCKET={path}"
     lines = [
-        f"busd demo: a daemon on {path}, replaying {len(BUNDLED)} recorded agent runs.",
+        f"busd demo: a daemon on {path}, replaying {runs} recorded agent "
+        + ("run." if runs == 1 else "runs."),
         "Attach more frontends to it from another terminal:",
         f"  {env} busd watch",
         f"  {env} busd web",

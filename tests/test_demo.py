@@ -46,6 +46,7 @@ def test_the_demo_plays_every_recording_to_its_exact_summary() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("busd demo: a daemon on ")
+    assert lines[0].endswith(", replaying 4 recorded agent runs.")
     assert any(re.fullmatch(r"  BUSD_SOCKET=\S+/bus\.sock busd web", line) for line in lines)
     for name, summary in SUMMARIES.items():
         tag = f"[demo-{name}] "
@@ -62,7 +63,9 @@ def test_the_demo_plays_every_recording_to_its_exact_summary() -> None:
 def test_one_recording_only() -> None:
     result = run_demo("--speed", "0", "--plain", "--only", "copilot")
     assert result.returncode == 0, result.stderr
-    tags = {line.split("]")[0] for line in result.stdout.splitlines() if line.startswith("[")}
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith(", replaying 1 recorded agent run.")
+    tags = {line.split("]")[0] for line in lines if line.startswith("[")}
     assert tags == {"[demo-copilot"}
 
 
