@@ -31,6 +31,8 @@ from .events import (
     SessionContext,
     SessionIdle,
     StreamingStats,
+    ToolComplete,
+    ToolStart,
     TurnEnd,
     Usage,
     event_type,
@@ -42,6 +44,17 @@ __all__ = ["Accountant", "AccountingService", "Derived"]
 
 _CONTEXT_MOVERS = (Usage, TurnEnd, SessionCompaction, SessionContext)
 _QUIET = (SessionIdle, RunFinished)
+_TOOL_INPUT = frozenset({ToolStart, ToolComplete, RunFinished, SessionIdle})
+
+# Per event class: is it the accountant's own kind of output (``busd.*`` but
+# not ``busd.run.*``)? Asked for every event, so answered once per class.
+_DERIVED: dict[type[Event], bool] = {}
+
+
+def _is_derived(cls: type[Event], event: Event) -> bool:
+    tag = event_type(event)
+    derived = _DERIVED[cls] = tag.startswith("busd.") and not tag.startswith("busd.run.")
+    return derived
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +90,15 @@ class Accountant:
 
     def observe(self, envelope: Envelope[Event], now: float) -> list[Derived]:
         event = envelope.event
-        tag = event_type(event)
-        if tag.startswith("busd.") and not tag.startswith("busd.run."):
+        cls = type(event)
+        derived = _DERIVED.get(cls)
+        if derived is None:
+            derived = _is_derived(cls, event)
+        if derived:
             return []  # derived events (ours included) are output, not input
         self.stats.observe(envelope, now)
-        self.tools.observe(envelope, now)
+        if cls in _TOOL_INPUT:
+            self.tools.observe(envelope, now)
         session_id = envelope.session_id
         out: list[Derived] = []
         if session_id is None:
@@ -125,8 +142,11 @@ class Accountant:
 
     def next_wakeup(self) -> float | None:
         """When ``tick`` next has something to do (``None``: only after new input)."""
-        deadlines = [d for d in (self._next_tick, self.tools.next_deadline()) if d is not None]
-        return min(deadlines) if deadlines else None
+        tick = self._next_tick
+        tool = self.tools.next_deadline()
+        if tool is None:
+            return tick
+        return tool if tick is None or tool < tick else tick
 
     def session_stats(self, session_id: str, now: float) -> StreamingStats | None:
         return self.stats.session_stats(session_id, now)

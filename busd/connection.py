@@ -388,8 +388,7 @@ class Connection:
         sub_id = frame.id
 
         async def send(batch: list[Envelope[Event]]) -> None:
-            raw = self.daemon.raw
-            await self._send_events(sub_id, [e.seq for e in batch], [raw(e) for e in batch])
+            await self._send_events(sub_id, [e.seq for e in batch], self.daemon.raws(batch))
 
         dispatcher = BatchDispatcher(
             send,

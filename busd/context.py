@@ -429,7 +429,7 @@ class ContextRegistry:
     :param max_windows: bound; the least recently fed conversation goes first.
     """
 
-    __slots__ = ("_evicted", "_max", "_threshold", "_window", "_window_for", "_windows")
+    __slots__ = ("_evicted", "_last", "_max", "_threshold", "_window", "_window_for", "_windows")
 
     def __init__(
         self,
@@ -446,6 +446,7 @@ class ContextRegistry:
         self._threshold = threshold
         self._max = max_windows
         self._windows: dict[tuple[str, str | None], ContextWindow] = {}
+        self._last: tuple[tuple[str, str | None], ContextWindow] | None = None
         self._evicted = 0
 
     def get(self, session_id: str, agent_id: str | None = None) -> ContextWindow | None:
@@ -454,6 +455,9 @@ class ContextRegistry:
     def window(self, session_id: str, agent_id: str | None = None) -> ContextWindow:
         """The conversation's window, created on first use (and made most recent)."""
         key = (session_id, agent_id)
+        last = self._last
+        if last is not None and last[0] == key:
+            return last[1]  # fed again: already the most recent (a stream of deltas)
         windows = self._windows
         found = windows.pop(key, None)
         if found is None:
@@ -462,6 +466,7 @@ class ContextRegistry:
                 self._evicted += 1
             found = ContextWindow(self._window, threshold=self._threshold)
         windows[key] = found
+        self._last = (key, found)
         return found
 
     def observe(self, envelope: Envelope[Event]) -> ContextWindow | None:
@@ -480,6 +485,8 @@ class ContextRegistry:
 
     def discard(self, session_id: str, agent_id: str | None = None) -> None:
         self._windows.pop((session_id, agent_id), None)
+        if self._last is not None and self._last[0] == (session_id, agent_id):
+            self._last = None
 
     def statistics(self) -> ContextRegistryStatistics:
         return ContextRegistryStatistics(windows=len(self._windows), evicted=self._evicted)

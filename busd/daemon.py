@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -96,7 +96,6 @@ class DaemonConfig:
     permission_rules: tuple[PermissionRule, ...] = ()
     permission_timeout: float | None = None
     """Deny a driven run's permission request nobody answered in time (None: wait)."""
-    raw_cache: int = 65_536
     subscription_buffer: int = 10_000
     """Events one subscription may hold while its client's outbox is full."""
     journal: str | None = None
@@ -189,22 +188,33 @@ class Subscription:
             return False
         if self.owned_only and (run_id is None or stale):
             return False
+        return self.matches(name)
+
+    @property
+    def filtered(self) -> bool:
+        """Whether events of a matching type still need :meth:`admits`."""
+        return self.sessions is not None or self.owned_only
+
+    def matches(self, name: str) -> bool:
+        """Whether an event type is one of the subscribed patterns."""
         matched = self._names.get(name)
         if matched is None:
             matched = self._names[name] = any(p.matches(name) for p in self.patterns)
         return matched
 
-    def wants(self, envelope: Envelope[Event]) -> bool:
+    def admits(self, envelope: Envelope[Event]) -> bool:
+        """The per-event part of the filter: sessions and ownership."""
         if self.sessions is not None and envelope.session_id not in self.sessions:
             return False
-        if self.owned_only and (envelope.run_id is None or envelope.stale):
+        return not (self.owned_only and (envelope.run_id is None or envelope.stale))
+
+    def wants(self, envelope: Envelope[Event]) -> bool:
+        if not self.admits(envelope):
             return False
         cls = type(envelope.event)
         matched = self._matches.get(cls)
         if matched is None:
-            name = event_type(envelope.event)
-            matched = any(p.matches(name) for p in self.patterns)
-            self._matches[cls] = matched
+            matched = self._matches[cls] = self.matches(event_type(envelope.event))
         return matched
 
 
@@ -264,7 +274,9 @@ class Daemon:
         )
         self._subscriptions: list[Subscription] = []
         self._dead: list[Subscription] = []
-        self._raw: OrderedDict[int, tuple[Envelope[Event], msgspec.Raw]] = OrderedDict()
+        # Per event class, the subscriptions whose patterns match it, each with
+        # whether it still filters per event (sessions, owned-only).
+        self._fanout: dict[type[Event], tuple[tuple[Subscription, bool], ...]] = {}
         self._connections: dict[int, tuple[str, str, int]] = {}  # id -> (client, role, uid)
         self._next_client_id = 0
         self._rate: deque[tuple[int, int]] = deque(maxlen=11)  # (second, head seq)
@@ -432,44 +444,61 @@ class Daemon:
         self.history.append(envelope, raw)
         if self.journal is not None:
             self.journal.append(envelope, raw)
-        cache = self._raw
-        cache[envelope.seq] = (envelope, raw)
-        if len(cache) > self.config.raw_cache:
-            # Not `del cache[next(iter(cache))]`: a dict keeps the deleted slots at
-            # its front, so that scan grows until the next resize (~30 µs an event).
-            cache.popitem(last=False)
         self.sessions.observe(envelope)
-        if type(envelope.event) is PermissionRequested:
-            self.broker.saw_request(envelope.event.request_id)
-        for subscription in self._subscriptions:
-            if subscription.wants(envelope):
-                try:
-                    subscription.dispatcher.add(envelope)
-                except (trio.ClosedResourceError, trio.BrokenResourceError):
-                    self._dead.append(subscription)  # its connection is going away
+        event = envelope.event
+        cls = type(event)
+        if isinstance(event, PermissionRequested):
+            self.broker.saw_request(event.request_id)
+        fanout = self._fanout.get(cls)
+        if fanout is None:
+            fanout = self._fanout_of(cls, event)
+        for subscription, filtered in fanout:
+            if filtered and not subscription.admits(envelope):
+                continue
+            try:
+                subscription.dispatcher.add(envelope)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                self._dead.append(subscription)  # its connection is going away
         if self._dead:
             for subscription in self._dead:
                 self.remove_subscription(subscription)
             self._dead.clear()
 
-    def raw(self, envelope: Envelope[Event]) -> msgspec.Raw:
-        """The envelope's bytes: cached when it is the published one, else encoded now.
+    def _fanout_of(self, cls: type[Event], event: Event) -> tuple[tuple[Subscription, bool], ...]:
+        name = event_type(event)
+        fanout = self._fanout[cls] = tuple(
+            (s, s.filtered) for s in self._subscriptions if s.matches(name)
+        )
+        return fanout
 
-        Merged deltas are new envelopes carrying an old seq, hence the identity check.
+    def raw(self, envelope: Envelope[Event]) -> msgspec.Raw:
+        """The envelope's bytes: those of the replay ring when it is the published one.
+
+        A merged delta (a new envelope carrying an old seq), or one the ring
+        has already let go, is encoded now.
         """
-        cached = self._raw.get(envelope.seq)
-        if cached is not None and cached[0] is envelope:
-            return cached[1]
-        return encode_envelope(envelope)
+        raw = self.history.raw_of(envelope)
+        return raw if raw is not None else encode_envelope(envelope)
+
+    def raws(self, batch: list[Envelope[Event]]) -> list[msgspec.Raw]:
+        """:meth:`raw` of each envelope: a subscription's batch going out."""
+        raw_of = self.history.raw_of
+        out = []
+        for envelope in batch:
+            raw = raw_of(envelope)
+            out.append(raw if raw is not None else encode_envelope(envelope))
+        return out
 
     # -- subscriptions ---------------------------------------------------------
 
     def add_subscription(self, subscription: Subscription) -> None:
         self._subscriptions.append(subscription)
+        self._fanout.clear()
 
     def remove_subscription(self, subscription: Subscription) -> None:
         if subscription in self._subscriptions:
             self._subscriptions.remove(subscription)
+            self._fanout.clear()
 
     def replay(self, subscription: Subscription, since_seq: int) -> Resume:
         """What a resuming subscription missed (past the head: the ring from its start).

@@ -87,6 +87,7 @@ class History:
 
     __slots__ = (
         "_appended",
+        "_base",
         "_capacity",
         "_envelopes",
         "_floor",
@@ -109,6 +110,7 @@ class History:
         self._head = first_seq - 1
         self._floor = first_seq - 1  # every seq up to here is lost to replay
         self._appended = 0
+        self._base = 0  # the seq of the first append: slot of seq s is (s - _base) % capacity
 
     @property
     def capacity(self) -> int:
@@ -140,6 +142,8 @@ class History:
         if seq <= self._head:
             raise ValueError(f"seq {seq} is not after the head seq {self._head}")
         self._head = seq
+        if not self._appended:
+            self._base = seq
         self._appended += 1
         seqs = self._seqs
         if len(seqs) < self._capacity:
@@ -154,6 +158,19 @@ class History:
         self._raws[i] = raw
         i += 1
         self._next = 0 if i == self._capacity else i
+
+    def raw_of(self, envelope: Envelope[Event]) -> msgspec.Raw | None:
+        """The encoding appended with this very envelope, ``None`` if it is not held.
+
+        O(1): the daemon appends every seq, so the slot follows from the seq
+        (with gaps the guess misses and this answers ``None``). Identity, not
+        the seq, decides: a merged delta is a new envelope with an old seq.
+        """
+        i = (envelope.seq - self._base) % self._capacity
+        envelopes = self._envelopes
+        if i < len(envelopes) and envelopes[i] is envelope:
+            return self._raws[i]
+        return None
 
     def since(self, seq: int) -> Replay:
         """Every envelope held with a ``seq`` greater than ``seq``, and the gap before them.

@@ -19,28 +19,39 @@ import time
 __all__ = ["EventIds", "new_event_id"]
 
 _LOW = (1 << 74) - 1
+_LAST_GROUP = (1 << 48) - 1
 _RAND_B = (1 << 62) - 1
 _VARIANT = 1 << 63
 
 
 class EventIds:
-    """A source of UUIDv7 strings (one per daemon)."""
+    """A source of UUIDv7 strings (one per daemon).
+
+    Everything but the last group (the counter's low 48 bits) is formatted
+    once a millisecond, or when the counter carries into it: an id costs
+    one clock read and one 12-digit format, well under a microsecond.
+    """
 
     def __init__(self) -> None:
         self._base = secrets.randbits(74)
         self._count = itertools.count(1)
         self._ms = -1
+        self._high = -1
         self._prefix = ""
 
     def __call__(self) -> str:
         ms = time.time_ns() // 1_000_000
-        if ms > self._ms:  # the time part is formatted once a millisecond, never backwards
-            self._ms = ms
-            h = f"{ms & 0xFFFF_FFFF_FFFF:012x}"
-            self._prefix = f"{h[:8]}-{h[8:]}-7"
         low = (self._base + next(self._count)) & _LOW
+        if ms > self._ms or low >> 48 != self._high:
+            self._format_prefix(max(ms, self._ms), low)  # the time part never goes backwards
+        return f"{self._prefix}{low & _LAST_GROUP:012x}"
+
+    def _format_prefix(self, ms: int, low: int) -> None:
+        self._ms = ms
+        self._high = low >> 48
+        h = f"{ms & 0xFFFF_FFFF_FFFF:012x}"
         tail = f"{_VARIANT | (low & _RAND_B):016x}"
-        return f"{self._prefix}{low >> 62:03x}-{tail[:4]}-{tail[4:]}"
+        self._prefix = f"{h[:8]}-{h[8:]}-7{low >> 62:03x}-{tail[:4]}-"
 
 
 new_event_id = EventIds()

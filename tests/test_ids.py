@@ -40,3 +40,16 @@ def test_the_bus_gives_every_event_an_id_and_keeps_a_copys() -> None:
     copy = bus.publish(SessionIdle(), session_id="s", event_id=first.id)
     assert copy.id == first.id
     assert copy.seq == second.seq + 1
+
+
+def test_ids_across_a_carry_into_the_cached_part_stay_exact_and_ordered() -> None:
+    ids = EventIds()
+    ids._base = (1 << 62) - 3  # the counter carries through the cached groups after 2 ids
+    made = [uuid.UUID(ids()) for _ in range(6)]
+    for count, parsed in enumerate(made, start=1):
+        low = ids._base + count
+        rand_a, rand_b = (parsed.int >> 64) & 0xFFF, parsed.int & ((1 << 62) - 1)
+        assert (rand_a << 62) | rand_b == low
+        assert parsed.version == 7
+        assert parsed.variant == uuid.RFC_4122
+    assert sorted(made) == made
