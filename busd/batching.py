@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "BatchDispatcher",
     "DispatcherStatistics",
+    "Flusher",
     "Overflow",
     "SubscriberOverflowed",
 ]
@@ -39,6 +40,8 @@ DEFAULT_WINDOW: Final = 0.016
 """Seconds between two batches to one subscriber (about one frame at 60 Hz)."""
 
 Send = Callable[[list[Envelope[Event]]], Awaitable[object]]
+SendNowait = Callable[[list[Envelope[Event]]], bool]
+"""Takes a batch at once and returns ``True``, or ``False`` when it would have to wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,14 @@ class BatchDispatcher:
     two sends never overlap. It may be cancelled when the subscriber
     overflows, and a cancelled send counts as not delivered.
 
+    Direct delivery: given ``send_nowait`` and a :class:`Flusher`, an event
+    that finds the loop idle does not wake it. The flusher calls
+    :meth:`deliver_nowait` once the publisher yields, and the batch goes to
+    ``send_nowait`` synchronously when the window allows and the owner has
+    room; only otherwise does the loop wake. One flusher serves every
+    dispatcher of a daemon, so a quiet stream costs one task switch per
+    burst, not one per subscriber.
+
     Capacity: at most ``max_events`` survivors wait behind a send in flight.
     If the buffer fills while no send is in flight (a burst faster than the
     loop gets to run), it becomes the next batch at once, window or not. If
@@ -122,12 +133,14 @@ class BatchDispatcher:
         "_drained",
         "_events_sent",
         "_flush_target",
+        "_flusher",
         "_idle",
         "_ignored",
         "_inflight_first",
         "_largest_batch",
         "_last_flush",
         "_lost",
+        "_notified",
         "_progress",
         "_ran",
         "_ready",
@@ -136,6 +149,7 @@ class BatchDispatcher:
         "_resume_seq",
         "_scope",
         "_send",
+        "_send_nowait",
         "_sent",
         "_state",
         "_wakeup",
@@ -150,10 +164,17 @@ class BatchDispatcher:
         merge_deltas: bool = True,
         max_events: int = 10_000,
         keyer: Keyer = coalescing_key,
+        send_nowait: SendNowait | None = None,
+        flusher: Flusher | None = None,
     ) -> None:
         if not (window >= 0 and math.isfinite(window)):
             raise ValueError(f"window must be a finite number of seconds >= 0, not {window!r}")
+        if (send_nowait is None) != (flusher is None):
+            raise ValueError("send_nowait and flusher go together")
         self._send = send
+        self._send_nowait = send_nowait
+        self._flusher = flusher
+        self._notified = False
         self._window = window
         self._acc = Accumulator(keyer=keyer, merge_deltas=merge_deltas, max_events=max_events)
         self._state = _State.OPEN
@@ -220,8 +241,49 @@ class BatchDispatcher:
             acc.add(envelope)
         self._added += 1
         if self._idle:
+            flusher = self._flusher
+            if flusher is None:
+                self._idle = False
+                self._wakeup.set()
+            elif not self._notified:
+                self._notified = True
+                flusher.notify(self)
+
+    def wake(self) -> None:
+        """Let the loop deliver what a gone flusher was told about."""
+        self._notified = False
+        if self._idle:
             self._idle = False
             self._wakeup.set()
+
+    def deliver_nowait(self) -> None:
+        """Send what is buffered through ``send_nowait``, now, if nothing stands in the way.
+
+        For the :class:`Flusher`. When the loop is busy (it will see the
+        buffer), the window has not passed, or ``send_nowait`` refuses, the
+        loop takes over as if it had been woken by the event.
+        """
+        self._notified = False
+        if not self._idle or self._state is not _OPEN or self._ready is not None:
+            return
+        acc = self._acc
+        if not acc:
+            return
+        now = trio.current_time()
+        if now >= self._last_flush + self._window:
+            send_nowait = self._send_nowait
+            assert send_nowait is not None, "only a dispatcher with send_nowait is notified"
+            first, ticket = _first_seq(acc), self._added
+            batch = acc.drain()
+            if send_nowait(batch):
+                self._drained = self._sent = ticket
+                self._last_flush = now
+                self._sent_batch(len(batch))
+                return
+            # No room: the loop sends it, waiting as a send does.
+            self._ready, self._ready_first, self._ready_ticket = batch, first, ticket
+        self._idle = False
+        self._wakeup.set()
 
     def _add_when_not_open(self) -> None:
         state = self._state
@@ -328,9 +390,13 @@ class BatchDispatcher:
         await self._send(batch)
         self._inflight_first = None
         self._sent = ticket
+        self._sent_batch(len(batch))
+
+    def _sent_batch(self, size: int) -> None:
         self._batches_sent += 1
-        self._events_sent += len(batch)
-        self._largest_batch = max(self._largest_batch, len(batch))
+        self._events_sent += size
+        if size > self._largest_batch:
+            self._largest_batch = size
         self._progress.unpark_all()
 
     async def flush(self) -> None:
@@ -441,3 +507,55 @@ def _first_seq(acc: Accumulator) -> int:
     first = acc.first_seq
     assert first is not None, "a non-empty accumulator has a first seq"
     return first
+
+
+class Flusher:
+    """Delivers, for many dispatchers, the batches that need no waiting: one task for all.
+
+    A dispatcher made with this flusher calls :meth:`notify` instead of
+    waking its own loop; :meth:`run` (in the owner's nursery) wakes once
+    per burst of notifications and calls each dispatcher's
+    :meth:`BatchDispatcher.deliver_nowait`. While :meth:`run` is not
+    running, a notified dispatcher's own loop is woken instead.
+    """
+
+    __slots__ = ("_pending", "_running", "_wakeup")
+
+    def __init__(self) -> None:
+        self._pending: list[BatchDispatcher] = []
+        self._wakeup = trio.Event()
+        self._running = False
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def notify(self, dispatcher: BatchDispatcher) -> None:
+        """``dispatcher`` has events and an idle loop: deliver them soon."""
+        if not self._running:
+            dispatcher.wake()  # nobody would deliver: its own loop does
+            return
+        self._pending.append(dispatcher)
+        if len(self._pending) == 1:
+            self._wakeup.set()
+
+    def flush_nowait(self) -> None:
+        """Deliver for every notified dispatcher now (the loop does this after each wakeup)."""
+        pending, self._pending = self._pending, []
+        for dispatcher in pending:
+            dispatcher.deliver_nowait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver until cancelled; what is pending then is left to each dispatcher's loop."""
+        self._running = True
+        try:
+            task_status.started()
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                self.flush_nowait()
+        finally:
+            self._running = False
+            pending, self._pending = self._pending, []
+            for dispatcher in pending:
+                dispatcher.wake()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +148,10 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self._pending_goodbye: str | None = None
         self._unyielded = 0  # events published since the reader last let others run
+        # Write-through: while the writer is parked with nothing queued, a frame
+        # is written to the socket at once (non-blocking) instead of waking it.
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        self._writer_parked = False
 
     # -- life --------------------------------------------------------------------
 
@@ -169,6 +174,7 @@ class Connection:
                         await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
         finally:
+            self._fd = None  # the descriptor is about to be closed (and maybe reused)
             self._finish_translators()
             for sub in self._subs.values():
                 self.daemon.remove_subscription(sub)
@@ -390,12 +396,19 @@ class Connection:
         async def send(batch: list[Envelope[Event]]) -> None:
             await self._send_events(sub_id, [e.seq for e in batch], self.daemon.raws(batch))
 
+        def send_nowait(batch: list[Envelope[Event]]) -> bool:
+            return self._send_events_nowait(sub_id, batch)
+
+        flusher = self.daemon.flusher
+        direct = flusher.running
         dispatcher = BatchDispatcher(
             send,
             window=frame.window_ms / 1000,
             merge_deltas=frame.deltas == "merged",
             keyer=self.daemon.keyer,
             max_events=self.daemon.config.subscription_buffer,
+            send_nowait=send_nowait if direct else None,
+            flusher=flusher if direct else None,
         )
         try:
             sub = Subscription(
@@ -565,9 +578,39 @@ class Connection:
             self._push(_Out(data, seqs[start]))
             start = end
 
+    def _send_events_nowait(self, sub_id: int, batch: list[Envelope[Event]]) -> bool:
+        """:meth:`_send_events` for a batch that fits one frame and the outbox: no waiting.
+
+        ``False`` when it would have to split or wait; the async path does that.
+        """
+        if self._closing:
+            return True  # as the async path: nothing goes out any more
+        raws = self.daemon.raws(batch)
+        if sum(map(len, raws)) > self.daemon.config.max_frame - _EVENTS_OVERHEAD:
+            return False
+        data = self._encoder.encode(Events(sub=sub_id, events=raws))
+        if (self._out or self._inflight) and (
+            self._out_bytes + self._inflight_bytes + len(data) > self.daemon.config.outbound_cap
+        ):
+            return False
+        self._push(_Out(data, batch[0].seq))
+        return True
+
     def _push(self, out: _Out) -> None:
         if self._closing:
             return
+        if self._writer_parked and not self._out and self._fd is not None:
+            data = out.data
+            try:
+                written = os.write(self._fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # the peer is gone: as the writer does
+                self._writer_broke()
+                return
+            if written == len(data):
+                return
+            out = _Out(data[written:], out.first_seq, reply=out.reply)  # the writer goes on
         self._out.append(out)
         self._out_bytes += len(out.data)
         if out.reply:
@@ -594,6 +637,13 @@ class Connection:
         self._subs.clear()
         self._close_with(Goodbye(reason=SLOW_CONSUMER, resume_seq=resume))
 
+    def _writer_broke(self) -> None:
+        """The client is gone: stop reading, release anyone waiting for room."""
+        self._closing = True
+        self._reader_scope.cancel()
+        self._progress.set()
+        self._out_ready.set()
+
     async def _writer(self) -> None:
         try:
             while True:
@@ -601,7 +651,11 @@ class Connection:
                     if self._closing:
                         return
                     self._out_ready = trio.Event()
-                    await self._out_ready.wait()
+                    self._writer_parked = True
+                    try:
+                        await self._out_ready.wait()
+                    finally:
+                        self._writer_parked = False
                     continue
                 batch = list(self._out)
                 self._out.clear()
@@ -611,9 +665,7 @@ class Connection:
                 try:
                     await self.stream.send_all(b"".join(o.data for o in batch))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._closing = True
-                    self._reader_scope.cancel()
-                    self._progress.set()
+                    self._writer_broke()
                     return
                 self._replies -= sum(1 for o in batch if o.reply)
                 self._inflight = []

@@ -32,7 +32,7 @@ import trio
 from ._version import __version__
 from .accounting import Accountant, AccountingService
 from .adapters import Adapter, Emitted
-from .batching import BatchDispatcher
+from .batching import BatchDispatcher, Flusher
 from .bus import Bus
 from .catalog import Catalog
 from .coalesce import Keyer, chain_keyers, coalescing_key
@@ -274,6 +274,8 @@ class Daemon:
         )
         self._subscriptions: list[Subscription] = []
         self._dead: list[Subscription] = []
+        self.flusher = Flusher()
+        """Delivers, for every subscription, the batches that need no waiting."""
         # Per event class, the subscriptions whose patterns match it, each with
         # whether it still filters per event (sessions, owned-only).
         self._fanout: dict[type[Event], tuple[tuple[Subscription, bool], ...]] = {}
@@ -329,6 +331,7 @@ class Daemon:
                 if self.journal is not None:
                     await nursery.start(self.journal.run)
                 await nursery.start(self._accounting.run)
+                await nursery.start(self.flusher.run)
                 for name, service in self.plugins.services(self):
                     nursery.start_soon(
                         partial(supervise, name, service, on_failure=self._service_failed)

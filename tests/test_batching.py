@@ -8,8 +8,10 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from busd.batching import BatchDispatcher, Overflow, SubscriberOverflowed
+from busd.batching import BatchDispatcher, Flusher, Overflow, SubscriberOverflowed
 from busd.errors import BusdError
 from busd.events import Envelope, Event, TextDelta, TokenUsage, TurnEnd, TurnStart, Usage
 
@@ -437,3 +439,171 @@ async def test_statistics_report_the_traffic(autojump_clock: trio.abc.Clock, env
 def test_window_must_be_a_finite_non_negative_number(window: float) -> None:
     with pytest.raises(ValueError, match="window"):
         BatchDispatcher(Sink().send, window=window)
+
+
+# -- direct delivery (send_nowait and a flusher) ----------------------------------------
+
+
+class DirectSink(Sink):
+    """A :class:`Sink` that also takes batches synchronously while it has ``room``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.room = True
+        self.direct = 0
+
+    def send_nowait(self, batch: Batch) -> bool:
+        assert batch, "empty batches are never sent"
+        assert not self._busy, "a direct send overlapped a send in flight"
+        if not self.room:
+            return False
+        self.direct += 1
+        self.batches.append((trio.current_time(), batch))
+        self._changed.set()
+        self._changed = trio.Event()
+        return True
+
+
+@asynccontextmanager
+async def direct(
+    sink: DirectSink, *, window: float = 0.0, run_flusher: bool = True, max_events: int = 10_000
+) -> AsyncIterator[tuple[BatchDispatcher, Flusher]]:
+    flusher = Flusher()
+    dispatcher = BatchDispatcher(
+        sink.send,
+        window=window,
+        merge_deltas=False,
+        max_events=max_events,
+        send_nowait=sink.send_nowait,
+        flusher=flusher,
+    )
+    async with trio.open_nursery() as nursery:
+        if run_flusher:
+            await nursery.start(flusher.run)
+        await nursery.start(dispatcher.run)
+        yield dispatcher, flusher
+        await dispatcher.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_burst_goes_out_directly_without_waking_the_loop(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = DirectSink()
+    async with direct(sink) as (d, _):
+        burst = [env() for _ in range(3)]
+        for e in burst:
+            d.add(e)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sink.batches == [(0.0, burst)]
+        assert sink.direct == 1
+        await trio.sleep(1)
+        d.add(later := env())
+        await trio.testing.wait_all_tasks_blocked()
+        assert sink.events == [*burst, later]
+        assert sink.direct == 2
+        assert d.statistics().batches_sent == 2
+
+
+async def test_a_refused_direct_send_is_sent_by_the_loop_in_order(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = DirectSink()
+    sink.room = False
+    sink.gate = trio.Event()
+    async with direct(sink) as (d, _):
+        first = [env(), env()]
+        for e in first:
+            d.add(e)
+        await sink.wait_for(1)  # the loop's send, held at the gate
+        assert d.statistics().sending
+        d.add(second := env())  # the loop is busy: it buffers, no direct send
+        await trio.testing.wait_all_tasks_blocked()
+        assert sink.direct == 0
+        sink.room = True
+        sink.gate.set()
+        await d.flush()
+        assert [b for _, b in sink.batches] == [first, [second]]
+        assert sink.direct == 0
+        d.add(third := env())  # idle again, with room: direct
+        await trio.testing.wait_all_tasks_blocked()
+        assert sink.events[-1] is third
+        assert sink.direct == 1
+
+
+async def test_a_direct_send_keeps_the_window(autojump_clock: trio.abc.Clock, env: Stream) -> None:
+    sink = DirectSink()
+    async with direct(sink, window=1.0) as (d, _):
+        d.add(env())
+        await trio.sleep(0.25)
+        d.add(env())
+        d.add(env())
+        await sink.wait_for(2)
+        assert [(t, len(b)) for t, b in sink.batches] == [(0.0, 1), (1.0, 2)]
+        assert sink.direct == 1  # the second batch waited for the window, in the loop
+
+
+async def test_without_a_running_flusher_the_loop_delivers(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
+    sink = DirectSink()
+    async with direct(sink, run_flusher=False) as (d, _):
+        d.add(e := env())
+        await d.flush()
+        assert sink.events == [e]
+        assert sink.direct == 0
+
+
+async def test_a_stopping_flusher_hands_what_it_was_told_to_the_loops(env: Stream) -> None:
+    sink = DirectSink()
+    flusher = Flusher()
+    d = BatchDispatcher(sink.send, window=0, send_nowait=sink.send_nowait, flusher=flusher)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(d.run)
+        async with trio.open_nursery() as inner:
+            await inner.start(flusher.run)
+            inner.cancel_scope.cancel()
+            d.add(e := env())  # notified, but the flusher's next step is its exit
+        await d.flush()
+        assert sink.events == [e]
+        assert sink.direct == 0
+        await d.aclose()
+
+
+def test_send_nowait_and_flusher_go_together() -> None:
+    with pytest.raises(ValueError, match="go together"):
+        BatchDispatcher(Sink().send, flusher=Flusher())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([0.0, 0.016]),
+    st.lists(
+        st.tuples(st.integers(1, 5), st.booleans(), st.sampled_from([0, 0, 0.001, 0.01, 0.03])),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_direct_and_loop_sends_together_deliver_everything_once_in_order(
+    window: float, steps: list[tuple[int, bool, float]]
+) -> None:
+    """Bursts, refusals and pauses in any mix: every event once, in order, no overlap."""
+
+    async def main() -> None:
+        env = Stream()
+        sink = DirectSink()
+        sink.delay = 0.005
+        added: Batch = []
+        async with direct(sink, window=window, max_events=10_000) as (d, _):
+            for burst, room, pause in steps:
+                sink.room = room
+                for _ in range(burst):
+                    d.add(e := env())
+                    added.append(e)
+                if pause:
+                    await trio.sleep(pause)
+            await d.flush()
+            assert sink.events == added
+            assert d.statistics().events_sent == len(added)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
