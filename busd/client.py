@@ -153,10 +153,14 @@ class ClientSubscription:
             for envelope in batch.events:
                 yield envelope
 
-    def _deliver(self, batch: Batch) -> Any:
+    async def _deliver(self, batch: Batch) -> None:
+        """Hand ``batch`` to the iterator: at once when there is room (no task switch)."""
         if batch.events:
             self.last_seq = batch.events[-1].seq
-        return self._send.send(batch)
+        try:
+            self._send.send_nowait(batch)
+        except trio.WouldBlock:
+            await self._send.send(batch)  # the application is behind: wait for it
 
     def _end(self, error: ConnectionLost | None) -> None:
         if error is not None:
