@@ -16,6 +16,7 @@ from .adapters import TranslatorStatistics as TranslatorStatistics
 from .adapters import as_mapping as as_mapping
 from .batching import BatchDispatcher as BatchDispatcher
 from .batching import DispatcherStatistics as DispatcherStatistics
+from .batching import Flusher as Flusher
 from .batching import Overflow as Overflow
 from .batching import SubscriberOverflowed as SubscriberOverflowed
 from .bus import Bus as Bus
@@ -158,6 +159,7 @@ __all__ = [
     "EndpointError",
     "estimate_json_tokens",
     "estimate_tokens",
+    "Flusher",
     "format_duration",
     "format_tokens",
     "FrameDecoder",

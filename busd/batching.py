@@ -23,7 +23,14 @@ from typing import Final
 
 import trio
 
-from .coalesce import Accumulator, AccumulatorFull, AccumulatorStatistics, Keyer, coalescing_key
+from .coalesce import (
+    DEFAULT_MAX_MERGED_CHARS,
+    Accumulator,
+    AccumulatorFull,
+    AccumulatorStatistics,
+    Keyer,
+    coalescing_key,
+)
 from .errors import BusdError
 from .events import Envelope, Event
 
@@ -164,6 +171,7 @@ class BatchDispatcher:
         merge_deltas: bool = True,
         max_events: int = 10_000,
         keyer: Keyer = coalescing_key,
+        max_merged_chars: int = DEFAULT_MAX_MERGED_CHARS,
         send_nowait: SendNowait | None = None,
         flusher: Flusher | None = None,
     ) -> None:
@@ -176,7 +184,12 @@ class BatchDispatcher:
         self._flusher = flusher
         self._notified = False
         self._window = window
-        self._acc = Accumulator(keyer=keyer, merge_deltas=merge_deltas, max_events=max_events)
+        self._acc = Accumulator(
+            keyer=keyer,
+            merge_deltas=merge_deltas,
+            max_events=max_events,
+            max_merged_chars=max_merged_chars,
+        )
         self._state = _State.OPEN
         # A full buffer handed over while no send was in flight.
         self._ready: list[Envelope[Event]] | None = None

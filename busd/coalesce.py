@@ -63,6 +63,7 @@ from .events import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_MERGED_CHARS",
     "DELTA_TYPES",
     "KEYED_TYPES",
     "LIFECYCLE_TYPES",
@@ -217,6 +218,9 @@ def chain_keyers(*keyers: Keyer) -> Keyer:
 
 # -- the accumulator -------------------------------------------------------------
 
+DEFAULT_MAX_MERGED_CHARS: Final = 131_072
+"""Text one merged delta holds at most: an eighth of the default 1 MiB frame cap."""
+
 _DELTA: Final = 1
 _PROTECTED: Final = 2
 _KIND: Final[dict[type[Event], int]] = {
@@ -251,6 +255,11 @@ class Accumulator:
     O(1) and :meth:`drain` O(n). A run of merged deltas keeps its pieces in a
     list and is joined once, when the run ends, so a long run costs O(total
     length) and not O(n²).
+
+    A merged delta holds at most ``max_merged_chars`` characters of text (a
+    delta that would take it past that starts a new one), so that it still
+    fits one frame: 4 bytes a character at most, the daemon passes an
+    eighth of its ``max_frame``.
     """
 
     __slots__ = (
@@ -263,9 +272,11 @@ class Accumulator:
         "_keyer",
         "_live",
         "_max",
+        "_max_chars",
         "_merge",
         "_merged",
         "_parts",
+        "_parts_chars",
         "_slots",
         "_superseded",
         "_tail",
@@ -277,12 +288,16 @@ class Accumulator:
         keyer: Keyer = coalescing_key,
         merge_deltas: bool = True,
         max_events: int = 10_000,
+        max_merged_chars: int = DEFAULT_MAX_MERGED_CHARS,
     ) -> None:
         if max_events < 1:
             raise ValueError(f"max_events must be at least 1, not {max_events}")
+        if max_merged_chars < 1:
+            raise ValueError(f"max_merged_chars must be at least 1, not {max_merged_chars}")
         self._keyer = keyer
         self._merge = merge_deltas
         self._max = max_events
+        self._max_chars = max_merged_chars
         self._slots: list[Envelope[Event] | None] = []
         self._index: dict[Hashable, int] = {}
         self._live = 0
@@ -291,6 +306,7 @@ class Accumulator:
         # newest envelope of the run, and the run's texts once it has two.
         self._tail: Envelope[Event] | None = None
         self._parts: list[str] | None = None
+        self._parts_chars = 0
         self._first_seq: int | None = None
         self._added = 0
         self._superseded = 0
@@ -347,6 +363,7 @@ class Accumulator:
                     and tail.run_id == envelope.run_id
                     and tail.source == envelope.source
                     and tail.stale == envelope.stale
+                    and self._fits(cast(TextDelta, tail.event), cast(TextDelta, envelope.event))
                 ):
                     parts = self._parts
                     if parts is None:
@@ -385,6 +402,14 @@ class Accumulator:
         self._added += 1
         if self._dead > _COMPACT_MIN_DEAD and self._dead > self._live:
             self._compact()
+
+    def _fits(self, tail: TextDelta, delta: TextDelta) -> bool:
+        """Whether ``delta`` may merge into the run ending with ``tail`` (and count it)."""
+        chars = (len(tail.text) if self._parts is None else self._parts_chars) + len(delta.text)
+        if chars > self._max_chars:
+            return False
+        self._parts_chars = chars
+        return True
 
     def drain(self) -> list[Envelope[Event]]:
         """Every survivor in order; the accumulator is empty afterwards."""

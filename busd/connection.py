@@ -31,6 +31,7 @@ from .permissions import PermissionRejected
 from .protocol import (
     BAD_HANDSHAKE,
     BYE,
+    FRAME_TOO_LARGE,
     INTERNAL,
     INVALID_EVENT,
     INVALID_PATTERN,
@@ -408,6 +409,7 @@ class Connection:
             send,
             window=frame.window_ms / 1000,
             merge_deltas=frame.deltas == "merged",
+            max_merged_chars=self.daemon.config.max_frame // 8,  # a merged delta fits a frame
             keyer=self.daemon.keyer,
             max_events=self.daemon.config.subscription_buffer,
             send_nowait=send_nowait if direct else None,
@@ -566,8 +568,12 @@ class Connection:
         limit = self.daemon.config.outbound_cap
         start = 0
         while start < len(raws) and not self._closing:
+            if len(raws[start]) > cap:
+                self._too_large(sub_id, seqs[start], len(raws[start]))
+                start += 1
+                continue
             end, size = start, 0
-            while end < len(raws) and (end == start or size + len(raws[end]) <= cap):
+            while end < len(raws) and size + len(raws[end]) <= cap:
                 size += len(raws[end])
                 end += 1
             data = self._encoder.encode(Events(sub=sub_id, events=raws[start:end]))
@@ -580,6 +586,15 @@ class Connection:
                     return
             self._push(_Out(data, seqs[start]))
             start = end
+
+    def _too_large(self, sub_id: int, seq: int, size: int) -> None:
+        """An envelope no events frame can carry (an event published right at the cap)."""
+        message = (
+            f"event seq {seq} is {size} bytes as an envelope, over what one events frame "
+            f"carries (max_frame {self.daemon.config.max_frame}): not delivered"
+        )
+        logger.warning("%s: %s", self.name, message)
+        self._queue(Error(code=FRAME_TOO_LARGE, message=message, ref=sub_id))
 
     def _send_events_nowait(self, sub_id: int, batch: list[Envelope[Event]]) -> bool:
         """:meth:`_send_events` for a batch that fits one frame and the outbox: no waiting.

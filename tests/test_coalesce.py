@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
+from typing import cast
 
 import msgspec
 import pytest
@@ -306,6 +307,21 @@ def test_adjacent_deltas_merge_into_one_with_the_later_seq_and_ts(
     (merged,) = fill(Accumulator(), a, b, c)
     assert merged == msgspec.structs.replace(c, event=cls(message_id="m1", text="Hello world"))
     assert (merged.seq, merged.ts) == (c.seq, c.ts)
+
+
+def test_a_merged_delta_stops_growing_at_its_cap_and_a_new_one_starts(env: Stream) -> None:
+    texts = ["abcd", "efgh", "ij", "k", "lmnopq", "r"]
+    deltas = [env(TextDelta(message_id="m1", text=t)) for t in texts]
+    merged = fill(Accumulator(max_merged_chars=10), *deltas)
+    assert [cast(TextDelta, e.event).text for e in merged] == ["abcdefghij", "klmnopqr"]
+    assert [e.seq for e in merged] == [deltas[2].seq, deltas[5].seq]
+    (alone,) = fill(Accumulator(max_merged_chars=3), env(TextDelta(message_id="m2", text="long")))
+    assert cast(TextDelta, alone.event).text == "long"  # one delta over the cap is kept whole
+
+
+def test_the_merge_cap_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_merged_chars"):
+        Accumulator(max_merged_chars=0)
 
 
 @pytest.mark.parametrize(

@@ -37,8 +37,10 @@ from busd.protocol import (
     Events,
     Goodbye,
     Hello,
+    Outgoing,
     Ping,
     Pong,
+    Publish,
     Reply,
     Request,
     Sessions,
@@ -595,3 +597,62 @@ async def test_a_client_cancelled_mid_connection_closes_its_socket(tmp_path: Pat
             del client
             gc.collect()
         assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+# -- frames stay under the cap ----------------------------------------------------
+
+
+async def test_merged_deltas_never_outgrow_a_frame(sock_path: Path) -> None:
+    # 40 deltas of 3,000 characters in one window would merge into 120 kB,
+    # over this daemon's 64 KiB frames: merged runs stop at max_frame // 8.
+    config = DaemonConfig(max_frame=64 << 10)
+    chunk = "x" * 3000
+    async with (
+        running_daemon(sock_path, config),
+        connect(sock_path) as reader,
+        connect(sock_path, role="agent") as publisher,
+        reader.subscribe(["stream.text.delta"], deltas="merged", window_ms=200) as sub,
+    ):
+        for _ in range(40):
+            await publisher.publish(TextDelta(message_id="m", text=chunk), session_id="s1")
+        await publisher.flush()
+        texts: list[str] = []
+        with trio.fail_after(10):
+            async for batch in sub:
+                texts += [e.event.text for e in batch.events if isinstance(e.event, TextDelta)]
+                if sum(map(len, texts)) >= 40 * len(chunk):
+                    break
+        assert "".join(texts) == chunk * 40
+        assert max(map(len, texts)) <= (64 << 10) // 8
+        assert len(texts) < 40  # and they did merge
+        await reader.ping()  # the connection is alive
+
+
+async def test_an_event_whose_envelope_cannot_fit_a_frame_is_reported_not_fatal(
+    sock_path: Path,
+) -> None:
+    max_frame = 4096
+
+    def publish_of(size: int) -> Publish[Event]:
+        return Publish(events=[Outgoing(event=TextDelta(message_id="m", text="x" * size))])
+
+    # The largest text whose publish frame the daemon accepts: its envelope
+    # (seq, ts, id and source added) is then too large for an events frame.
+    size = max(
+        n for n in range(3900, max_frame) if len(encode_frame(publish_of(n))) - 4 <= max_frame
+    )
+    async with running_daemon(sock_path, DaemonConfig(max_frame=max_frame)):
+        client = await RawClient.open(sock_path)
+        await client.send(
+            Subscribe(id=7, patterns=("stream.text.delta",), window_ms=0, deltas="raw")
+        )
+        await client.send(publish_of(size))
+        error = await client.receive()
+        assert isinstance(error, Error)
+        assert (error.code, error.ref, error.fatal) == ("frame_too_large", 7, False)
+        assert "not delivered" in error.message
+        await client.send(publish_of(10))  # the next one arrives: nothing else was lost
+        events = await client.receive()
+        assert isinstance(events, Events)
+        assert [e.event.text for e in events.events] == ["x" * 10]
+        await client.aclose()
