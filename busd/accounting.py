@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Final, cast
 
 import trio
 
@@ -31,6 +32,8 @@ from .events import (
     SessionContext,
     SessionIdle,
     StreamingStats,
+    TextDelta,
+    ThinkingDelta,
     ToolComplete,
     ToolStart,
     TurnEnd,
@@ -45,6 +48,8 @@ __all__ = ["Accountant", "AccountingService", "Derived"]
 _CONTEXT_MOVERS = (Usage, TurnEnd, SessionCompaction, SessionContext)
 _QUIET = (SessionIdle, RunFinished)
 _TOOL_INPUT = frozenset({ToolStart, ToolComplete, RunFinished, SessionIdle})
+
+_MAX_DEFERRED: Final = 4096  # deltas held before they are accounted in one go
 
 # Per event class: is it the accountant's own kind of output (``busd.*`` but
 # not ``busd.run.*``)? Asked for every event, so answered once per class.
@@ -80,23 +85,45 @@ class Accountant:
         tool_limits: Mapping[str, float | None] | None = None,
     ) -> None:
         self.tick_interval = tick_interval
-        self.stats = StatsRegistry()
-        self.context = ContextRegistry(window=context_window, window_for=window_for)
+        self._stats = StatsRegistry()
+        self._context = ContextRegistry(window=context_window, window_for=window_for)
         self.tools = ToolTracker(tool_timeout_s, tool_limits)
         self._busy: dict[str, str | None] = {}  # session id -> run id, while streaming
         self._last_stats: dict[str, StreamingStats] = {}
         self._last_context: dict[tuple[str, str | None], ContextUsage] = {}
         self._next_tick: float | None = None
+        # Deltas seen but not yet fed to the stats and context registries, each
+        # with its time: fed in runs (see _account_deltas) before anything reads
+        # them or any other event is observed.
+        self._deferred: list[tuple[Envelope[Event], float]] = []
+
+    @property
+    def stats(self) -> StatsRegistry:
+        """Streaming stats per session and run, up to date with everything observed."""
+        if self._deferred:
+            self._account_deltas()
+        return self._stats
+
+    @property
+    def context(self) -> ContextRegistry:
+        """Context windows per conversation, up to date with everything observed."""
+        if self._deferred:
+            self._account_deltas()
+        return self._context
 
     def observe(self, envelope: Envelope[Event], now: float) -> list[Derived]:
         event = envelope.event
         cls = type(event)
+        if cls is TextDelta or cls is ThinkingDelta:
+            return self._observe_delta(envelope, now)
         derived = _DERIVED.get(cls)
         if derived is None:
             derived = _is_derived(cls, event)
         if derived:
             return []  # derived events (ours included) are output, not input
-        self.stats.observe(envelope, now)
+        if self._deferred:
+            self._account_deltas()
+        self._stats.observe(envelope, now)
         if cls in _TOOL_INPUT:
             self.tools.observe(envelope, now)
         session_id = envelope.session_id
@@ -104,7 +131,7 @@ class Accountant:
         if session_id is None:
             return out
         if isinstance(event, _CONTEXT_MOVERS):
-            window = self.context.observe(envelope)
+            window = self._context.observe(envelope)
             if window is not None:
                 snapshot = window.snapshot()
                 key = (session_id, envelope.agent_id)
@@ -112,7 +139,7 @@ class Accountant:
                     self._last_context[key] = snapshot
                     out.append(Derived(snapshot, session_id, envelope.run_id, envelope.agent_id))
         else:
-            self.context.observe(envelope)
+            self._context.observe(envelope)
         if type(event) in _QUIET and envelope.agent_id is None:
             self._busy.pop(session_id, None)
             self._emit_stats(session_id, envelope.run_id, now, out)
@@ -125,8 +152,60 @@ class Accountant:
                 self._next_tick = now + self.tick_interval
         return out
 
+    def _observe_delta(self, envelope: Envelope[Event], now: float) -> list[Derived]:
+        """A delta is only noted here: it emits nothing, and it is accounted later, in a run.
+
+        The hot path. Only the busy bookkeeping (which decides the next tick)
+        happens now.
+        """
+        deferred = self._deferred
+        deferred.append((envelope, now))
+        if len(deferred) >= _MAX_DEFERRED:
+            self._account_deltas()
+        session_id = envelope.session_id
+        if session_id is not None and session_id not in self._busy:
+            self._busy[session_id] = envelope.run_id
+            if self._next_tick is None:
+                self._next_tick = now + self.tick_interval
+        return []
+
+    def _account_deltas(self) -> None:
+        """Feed the deferred deltas to the registries, in order, a run at a time.
+
+        A run is consecutive deltas of one type, message, session, agent and
+        run: after its first, each of them only adds text, so the registries
+        take it in one call (see ``observe_many``). The result is what feeding
+        them one by one would give.
+        """
+        deferred, self._deferred = self._deferred, []
+        stats, context = self._stats, self._context
+        start, end, count = 0, 1, len(deferred)
+        while start < count:
+            first = deferred[start][0]
+            event = cast(TextDelta, first.event)
+            cls, message_id = type(event), event.message_id
+            session_id, agent_id, run_id = first.session_id, first.agent_id, first.run_id
+            while end < count:
+                envelope = deferred[end][0]
+                other = envelope.event
+                if (
+                    type(other) is not cls
+                    or other.message_id != message_id
+                    or envelope.session_id != session_id
+                    or envelope.agent_id != agent_id
+                    or envelope.run_id != run_id
+                ):
+                    break
+                end += 1
+            run = deferred[start:end] if start or end < count else deferred
+            stats.observe_many(run)
+            context.observe_many(run)
+            start, end = end, end + 1
+
     def tick(self, now: float) -> list[Derived]:
         """What is due at ``now``: stats of busy sessions, tool timeouts."""
+        if self._deferred:
+            self._account_deltas()
         out: list[Derived] = []
         if self._next_tick is not None and now >= self._next_tick:
             for session_id, run_id in list(self._busy.items()):
@@ -154,7 +233,7 @@ class Accountant:
     def _emit_stats(
         self, session_id: str, run_id: str | None, now: float, out: list[Derived]
     ) -> None:
-        snapshot = self.stats.session_stats(session_id, now)
+        snapshot = self._stats.session_stats(session_id, now)
         if snapshot is not None and self._last_stats.get(session_id) != snapshot:
             self._last_stats[session_id] = snapshot
             out.append(Derived(snapshot, session_id, run_id))

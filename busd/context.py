@@ -25,7 +25,7 @@ has the full rules.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .estimate import estimate_json_tokens, estimate_tokens
@@ -482,6 +482,15 @@ class ContextRegistry:
                 context.set_window(size)
         context.observe(envelope)
         return context
+
+    def observe_many(self, items: Sequence[tuple[Envelope[Event], float]]) -> None:
+        """:meth:`observe` each of ``items``: deltas of one conversation, in order."""
+        first = items[0][0]
+        if first.session_id is None:
+            return
+        context = self.window(first.session_id, first.agent_id)
+        for envelope, _ in items:
+            context.observe(envelope)
 
     def discard(self, session_id: str, agent_id: str | None = None) -> None:
         self._windows.pop((session_id, agent_id), None)

@@ -30,9 +30,10 @@ on their own (the usage ledger publishes session totals).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 from .estimate import estimate_json_tokens, estimate_tokens
 from .events import (
@@ -332,6 +333,23 @@ class StreamingStatsTracker:
             ):
                 self.stop(now)
 
+    def observe_many(self, items: Sequence[tuple[Envelope[Event], float]]) -> None:
+        """:meth:`observe` each of ``items``: deltas of one type, message, session and agent.
+
+        After the first, such deltas only add text (the first one set the
+        lane, the clock and the thinking timer), so they skip the dispatch.
+        """
+        envelope, now = items[0]
+        self.observe(envelope, now)
+        if len(items) == 1:
+            return
+        key: LaneKey = (envelope.session_id, envelope.agent_id)
+        lane = self._lanes[key]
+        message_id = cast(TextDelta, envelope.event).message_id
+        streamed = self._streamed
+        for later, _ in itertools.islice(items, 1, None):
+            streamed(key, lane, message_id, cast(TextDelta, later.event).text)
+
     def _new_lane(self, key: LaneKey) -> _Lane:
         if len(self._lanes) >= self._max_lanes:
             for old_key, old in self._lanes.items():
@@ -494,6 +512,17 @@ class StatsRegistry:
         session_id = envelope.session_id
         if session_id is not None:
             self._session_tracker(session_id).observe(envelope, now)
+
+    def observe_many(self, items: Sequence[tuple[Envelope[Event], float]]) -> None:
+        """:meth:`observe` each of ``items``: deltas of one type, message, lane and run."""
+        self._observed += len(items)
+        first = items[0][0]
+        run_id = first.run_id
+        if run_id is not None:
+            self._run_tracker(run_id).observe_many(items)
+        session_id = first.session_id
+        if session_id is not None:
+            self._session_tracker(session_id).observe_many(items)
 
     def session(self, session_id: str) -> StreamingStatsTracker | None:
         return self._sessions.get(session_id)

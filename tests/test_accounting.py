@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from busd.accounting import Accountant, AccountingService
 from busd.bus import Bus
+from busd.context import ContextRegistry
 from busd.events import (
     ContextUsage,
     Envelope,
@@ -12,14 +15,18 @@ from busd.events import (
     SessionIdle,
     SessionStart,
     StreamingStats,
+    TextComplete,
     TextDelta,
+    ThinkingComplete,
     ThinkingDelta,
     TokenUsage,
     ToolStart,
     ToolTimeout,
     TurnEnd,
+    TurnStart,
     Usage,
 )
+from busd.stats import StatsRegistry
 
 
 def derived_of(bus: Bus) -> list[Envelope[Event]]:
@@ -139,3 +146,65 @@ async def test_the_service_unsubscribes_when_cancelled() -> None:
         assert bus.statistics().catch_all_handlers == 1
         nursery.cancel_scope.cancel()
     assert bus.statistics().catch_all_handlers == 0
+
+
+# -- deltas are accounted in runs: the same as one by one ----------------------------------
+
+_TEXT = st.text(alphabet="ab 1😀\n", max_size=6)  # pieces that differ when cut or repeated
+_EVENTS = st.one_of(
+    st.builds(TextDelta, message_id=st.sampled_from(["m1", "m2"]), text=_TEXT),
+    st.builds(ThinkingDelta, message_id=st.sampled_from(["t1", "t2"]), text=_TEXT),
+    st.builds(TextComplete, message_id=st.sampled_from(["m1", "m2"]), text=_TEXT),
+    st.builds(ThinkingComplete, message_id=st.sampled_from(["t1", "t2"]), text=st.just("x")),
+    st.builds(Usage, tokens=st.builds(TokenUsage, output_tokens=st.integers(0, 50))),
+    st.sampled_from(
+        [
+            TurnStart(),
+            TurnEnd(),
+            TurnEnd(finish_reason="cancelled"),  # the context keeps the partial text
+            SessionIdle(),
+            SessionIdle(aborted=True),
+        ]
+    ),
+)
+_STEPS = st.lists(
+    st.tuples(
+        _EVENTS,
+        st.sampled_from(["s1", "s1", "s2", None]),  # session
+        st.sampled_from([None, None, "sub"]),  # agent
+        st.sampled_from([None, "r1"]),  # run
+        st.floats(0, 0.5),  # time since the previous event
+        st.integers(1, 4),  # how many times in a row (runs of the same delta)
+        st.booleans(),  # read the figures after this event
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_STEPS)
+def test_deferred_deltas_give_the_figures_of_one_by_one_feeding(
+    steps: list[tuple[Event, str | None, str | None, str | None, float, int, bool]],
+) -> None:
+    accountant = Accountant()
+    stats, context = StatsRegistry(), ContextRegistry()  # the reference: fed one by one
+    now = 0.0
+    seq = 0
+    for event, session, agent, run, elapsed, repeat, read in steps:
+        for _ in range(repeat):
+            now += elapsed
+            seq += 1
+            envelope = Envelope(seq, now, event, session_id=session, agent_id=agent, run_id=run)
+            accountant.observe(envelope, now)
+            stats.observe(envelope, now)
+            if session is not None:
+                context.observe(envelope)
+        if read:
+            for sid in ("s1", "s2"):
+                assert accountant.session_stats(sid, now) == stats.session_stats(sid, now)
+                for aid in (None, "sub"):
+                    window = accountant.context.get(sid, aid)
+                    expected = context.get(sid, aid)
+                    assert (window and window.snapshot()) == (expected and expected.snapshot())
+            assert accountant.stats.run_stats("r1", now) == stats.run_stats("r1", now)
+    assert accountant.stats.session_stats("s1", now) == stats.session_stats("s1", now)
