@@ -49,7 +49,7 @@ _CONTEXT_MOVERS = (Usage, TurnEnd, SessionCompaction, SessionContext)
 _QUIET = (SessionIdle, RunFinished)
 _TOOL_INPUT = frozenset({ToolStart, ToolComplete, RunFinished, SessionIdle})
 
-_MAX_DEFERRED: Final = 4096  # deltas held before they are accounted in one go
+_MAX_DEFERRED: Final = 1024  # deltas held before they are accounted in one go
 
 # Per event class: is it the accountant's own kind of output (``busd.*`` but
 # not ``busd.run.*``)? Asked for every event, so answered once per class.
@@ -151,6 +151,21 @@ class Accountant:
             if self._next_tick is None:
                 self._next_tick = now + self.tick_interval
         return out
+
+    @property
+    def deferred_deltas(self) -> int:
+        """Deltas noted but not yet fed to the registries (see :meth:`settle`)."""
+        return len(self._deferred)
+
+    def settle(self) -> None:
+        """Account the deltas noted so far, now.
+
+        The daemon calls this when a publisher yields, so that the work (and
+        the token estimates it triggers) is spread over bursts instead of
+        piling up until the next tick.
+        """
+        if self._deferred:
+            self._account_deltas()
 
     def _observe_delta(self, envelope: Envelope[Event], now: float) -> list[Derived]:
         """A delta is only noted here: it emits nothing, and it is accounted later, in a run.
@@ -269,6 +284,10 @@ class AccountingService:
                 agent_id=item.agent_id,
                 source="busd.accounting",
             )
+
+    def settle(self) -> None:
+        """:meth:`Accountant.settle`: the caller's burst of events is over."""
+        self.accountant.settle()
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
         self._publish(self.accountant.observe(envelope, self._clock()))

@@ -285,9 +285,9 @@ class Connection:
                 except Exception:
                     logger.exception("%s: failed to handle %r", self.name, frame)
                     self._queue(Error(code=INTERNAL, message="the daemon failed on this frame"))
-            # What this chunk published goes out before we wait for the next one,
-            # not after a task switch to the flusher (latency at a steady rate).
-            self.daemon.flusher.flush_nowait()
+            # What this chunk published is accounted and goes out before we wait
+            # for the next one, not after a task switch (latency at a steady rate).
+            self.daemon.settle()
             data = await self._receive()
             if not data:
                 return  # the client went away

@@ -442,6 +442,16 @@ class Daemon:
             source=source,
         )
 
+    def settle(self) -> None:
+        """A publisher's burst is over: account its deltas, deliver what needs no waiting.
+
+        A connection calls this before it waits for more input; anything
+        else that publishes is covered by the flusher's task and the
+        accountant's own bounds.
+        """
+        self._accounting.settle()
+        self.flusher.flush_nowait()
+
     def _on_event(self, envelope: Envelope[Event]) -> None:
         raw = encode_envelope(envelope)
         self.history.append(envelope, raw)

@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from busd.accounting import Accountant
 from busd.catalog import Catalog
 from busd.daemon import Daemon, DaemonConfig
 from busd.endpoint import Endpoint
@@ -30,11 +31,15 @@ from busd.server import Server
 
 @asynccontextmanager
 async def running_daemon(
-    path: Path, config: DaemonConfig | None = None, *, plugins: PluginManager | None = None
+    path: Path,
+    config: DaemonConfig | None = None,
+    *,
+    plugins: PluginManager | None = None,
+    accountant: Accountant | None = None,
 ) -> AsyncIterator[Server]:
     """A daemon serving ``path`` in this test's nursery (no entry-point plugins unless given)."""
     with Endpoint.bind(path) as endpoint:
-        daemon = Daemon(config, socket_path=str(path), plugins=plugins)
+        daemon = Daemon(config, socket_path=str(path), plugins=plugins, accountant=accountant)
         server = Server(daemon, endpoint.socket)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)

@@ -208,3 +208,15 @@ def test_deferred_deltas_give_the_figures_of_one_by_one_feeding(
                     assert (window and window.snapshot()) == (expected and expected.snapshot())
             assert accountant.stats.run_stats("r1", now) == stats.run_stats("r1", now)
     assert accountant.stats.session_stats("s1", now) == stats.session_stats("s1", now)
+
+
+def test_deltas_wait_for_a_settle_a_read_or_another_event() -> None:
+    accountant = Accountant()
+    for seq in range(1, 4):
+        accountant.observe(Envelope(seq, 1.0, TextDelta(message_id="m", text="ab"), "s1"), 1.0)
+    assert accountant.deferred_deltas == 3
+    accountant.settle()
+    assert accountant.deferred_deltas == 0
+    accountant.observe(Envelope(4, 2.0, TextDelta(message_id="m", text="cd"), "s1"), 2.0)
+    accountant.observe(Envelope(5, 2.0, TurnEnd(), "s1"), 2.0)  # another event: first the delta
+    assert accountant.deferred_deltas == 0

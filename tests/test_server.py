@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from busd.accounting import Accountant
 from busd.catalog import Catalog
 from busd.client import Batch, ClientSubscription, RequestFailed, SubscribeFailed, connect
 from busd.connection import Connection
@@ -597,6 +598,33 @@ async def test_a_client_cancelled_mid_connection_closes_its_socket(tmp_path: Pat
             del client
             gc.collect()
         assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+# -- a burst is settled before the daemon reads on -------------------------------
+
+
+async def test_a_publish_frame_is_accounted_and_delivered_before_the_next_read(
+    sock_path: Path,
+) -> None:
+    # No tick for an hour: the accountant's loop wakes once, for the first
+    # delta, and then leaves the deltas alone.
+    async with (
+        running_daemon(sock_path, accountant=Accountant(tick_interval=3600)) as server,
+        connect(sock_path) as reader,
+        connect(sock_path, role="agent") as publisher,
+        reader.subscribe(["stream.text.delta"], deltas="raw", window_ms=0) as sub,
+    ):
+        await publisher.publish(TextDelta(message_id="m", text="0 "), session_id="s1")
+        await publisher.flush()
+        for i in range(1, 50):
+            publisher.publish_nowait(TextDelta(message_id="m", text=f"{i} "), session_id="s1")
+        await publisher.flush()  # the daemon's reader handled the frame and waits again
+        assert server.daemon.accountant.deferred_deltas == 0
+        stats = server.daemon.session_stats("s1")
+        assert stats is not None
+        assert stats.output_tokens > 0
+        got = await collect(sub, 50)
+        assert [e.event.text for e in got if isinstance(e.event, TextDelta)][-1] == "49 "
 
 
 # -- frames stay under the cap ----------------------------------------------------
