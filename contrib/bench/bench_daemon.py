@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import cProfile
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import trio
 
@@ -27,8 +29,10 @@ from busd.daemon import Daemon, DaemonConfig, Subscription
 from busd.events import Envelope, Event, TextDelta
 from busd.plugins import PluginManager
 from busd.protocol import (
+    ClientFrame,
     Encoder,
     Events,
+    FrameDecoder,
     Outgoing,
     Publish,
     client_frame_decoder,
@@ -51,6 +55,15 @@ def make_frames(events: int, per_frame: int) -> list[bytes]:
             batch.append(Outgoing(event=TextDelta(message_id="m1", text=text), session_id="s1"))
         frames.append(encoder.encode(Publish(events=batch)))
     return frames
+
+
+def publishes(frames: list[bytes], decoder: FrameDecoder[ClientFrame]) -> Iterator[Publish[Any]]:
+    """Each frame's bytes through the decoder, as a connection reads them."""
+    for data in frames:
+        decoder.feed(data)
+        frame = decoder.next_frame()
+        assert isinstance(frame, Publish)
+        yield frame
 
 
 async def busd_run(frames: list[bytes], subscribers: int, window: float) -> tuple[float, int]:
@@ -85,17 +98,11 @@ async def busd_run(frames: list[bytes], subscribers: int, window: float) -> tupl
             await nursery.start(dispatcher.run)
             subs.append(sub)
         started = time.process_time()
-        unyielded = 0
-        for data in frames:
-            decoder.feed(data)
-            frame = decoder.next_frame()
-            assert isinstance(frame, Publish)
+        for frame in publishes(frames, decoder):
             for outgoing in frame.events:
                 daemon.publish_from_client(outgoing, source="bench")
-                unyielded += 1
-                if unyielded >= 256:
-                    unyielded = 0
-                    await trio.lowlevel.checkpoint()
+            daemon.settle()  # as a connection does before it reads on
+            await trio.lowlevel.checkpoint()
         for sub in subs:
             await sub.dispatcher.flush()
         cpu = time.process_time() - started
@@ -109,10 +116,7 @@ def floor_run(frames: list[bytes], subscribers: int) -> float:
     encoder = Encoder()
     started = time.process_time()
     seq = 0
-    for data in frames:
-        decoder.feed(data)
-        frame = decoder.next_frame()
-        assert isinstance(frame, Publish)
+    for frame in publishes(frames, decoder):
         raws = []
         for outgoing in frame.events:
             seq += 1
