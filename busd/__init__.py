@@ -17,6 +17,7 @@ from .adapters import as_mapping as as_mapping
 from .batching import BatchDispatcher as BatchDispatcher
 from .batching import DispatcherStatistics as DispatcherStatistics
 from .batching import Flusher as Flusher
+from .batching import FlusherStatistics as FlusherStatistics
 from .batching import Overflow as Overflow
 from .batching import SubscriberOverflowed as SubscriberOverflowed
 from .bus import Bus as Bus
@@ -160,6 +161,7 @@ __all__ = [
     "estimate_json_tokens",
     "estimate_tokens",
     "Flusher",
+    "FlusherStatistics",
     "format_duration",
     "format_tokens",
     "FrameDecoder",

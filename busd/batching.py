@@ -39,6 +39,7 @@ __all__ = [
     "BatchDispatcher",
     "DispatcherStatistics",
     "Flusher",
+    "FlusherStatistics",
     "Overflow",
     "SubscriberOverflowed",
 ]
@@ -522,6 +523,16 @@ def _first_seq(acc: Accumulator) -> int:
     return first
 
 
+@dataclass(frozen=True, slots=True)
+class FlusherStatistics:
+    pending: int
+    """Dispatchers notified and not yet delivered for."""
+    flushes: int
+    """Non-empty flushes, by the task or by an owner's ``flush_nowait``."""
+    task_wakeups: int
+    """Times the flusher's own task woke (the rest were flushed by their publisher)."""
+
+
 class Flusher:
     """Delivers, for many dispatchers, the batches that need no waiting: one task for all.
 
@@ -532,12 +543,14 @@ class Flusher:
     running, a notified dispatcher's own loop is woken instead.
     """
 
-    __slots__ = ("_pending", "_running", "_wakeup")
+    __slots__ = ("_flushes", "_pending", "_running", "_wakeup", "_woken")
 
     def __init__(self) -> None:
         self._pending: list[BatchDispatcher] = []
         self._wakeup = trio.Event()
         self._running = False
+        self._flushes = 0
+        self._woken = 0
 
     @property
     def running(self) -> bool:
@@ -555,8 +568,15 @@ class Flusher:
     def flush_nowait(self) -> None:
         """Deliver for every notified dispatcher now (the loop does this after each wakeup)."""
         pending, self._pending = self._pending, []
+        if pending:
+            self._flushes += 1
         for dispatcher in pending:
             dispatcher.deliver_nowait()
+
+    def statistics(self) -> FlusherStatistics:
+        return FlusherStatistics(
+            pending=len(self._pending), flushes=self._flushes, task_wakeups=self._woken
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Deliver until cancelled; what is pending then is left to each dispatcher's loop."""
@@ -566,6 +586,7 @@ class Flusher:
             while True:
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
+                self._woken += 1
                 self.flush_nowait()
         finally:
             self._running = False

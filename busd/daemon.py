@@ -620,5 +620,6 @@ class Daemon:
                 "correlation": self.correlator.statistics(),
                 "history": self.history.statistics(),
                 "sessions": self.sessions.statistics(),
+                "flusher": self.flusher.statistics(),
             }
         )

@@ -403,6 +403,8 @@ async def test_status_sessions_snapshot_and_stats(sock_path: Path) -> None:
         assert daemon_stats["bus"]["head_seq"] == status["head_seq"] or (
             daemon_stats["bus"]["head_seq"] > status["head_seq"]
         )
+        assert set(daemon_stats) == {"bus", "correlation", "history", "sessions", "flusher"}
+        assert daemon_stats["flusher"]["flushes"] > 0  # the idle event went out directly
 
 
 async def test_too_many_unread_replies_are_refused(autojump_clock: trio.abc.Clock) -> None:
