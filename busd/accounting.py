@@ -100,15 +100,13 @@ class Accountant:
     @property
     def stats(self) -> StatsRegistry:
         """Streaming stats per session and run, up to date with everything observed."""
-        if self._deferred:
-            self._account_deltas()
+        self.settle()
         return self._stats
 
     @property
     def context(self) -> ContextRegistry:
         """Context windows per conversation, up to date with everything observed."""
-        if self._deferred:
-            self._account_deltas()
+        self.settle()
         return self._context
 
     def observe(self, envelope: Envelope[Event], now: float) -> list[Derived]:
@@ -219,8 +217,7 @@ class Accountant:
 
     def tick(self, now: float) -> list[Derived]:
         """What is due at ``now``: stats of busy sessions, tool timeouts."""
-        if self._deferred:
-            self._account_deltas()
+        self.settle()
         out: list[Derived] = []
         if self._next_tick is not None and now >= self._next_tick:
             for session_id, run_id in list(self._busy.items()):

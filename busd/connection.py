@@ -604,14 +604,14 @@ class Connection:
         if self._closing:
             return True  # as the async path: nothing goes out any more
         raws = self.daemon.raws(batch)
-        if sum(map(len, raws)) > self.daemon.config.max_frame - _EVENTS_OVERHEAD:
+        size = sum(map(len, raws)) + _EVENTS_OVERHEAD  # at most: checked before encoding
+        if size > self.daemon.config.max_frame:
             return False
-        data = self._encoder.encode(Events(sub=sub_id, events=raws))
         if (self._out or self._inflight) and (
-            self._out_bytes + self._inflight_bytes + len(data) > self.daemon.config.outbound_cap
+            self._out_bytes + self._inflight_bytes + size > self.daemon.config.outbound_cap
         ):
             return False
-        self._push(_Out(data, batch[0].seq))
+        self._push(_Out(self._encoder.encode(Events(sub=sub_id, events=raws)), batch[0].seq))
         return True
 
     def _push(self, out: _Out) -> None:
