@@ -443,14 +443,15 @@ class Daemon:
         )
 
     def settle(self) -> None:
-        """A publisher's burst is over: account its deltas, deliver what needs no waiting.
+        """A publisher's burst is over: deliver what needs no waiting, then account its deltas.
 
         A connection calls this before it waits for more input; anything
         else that publishes is covered by the flusher's task and the
-        accountant's own bounds.
+        accountant's own bounds. Delivery goes first: accounting emits
+        nothing, and the subscribers can read while it runs.
         """
-        self._accounting.settle()
         self.flusher.flush_nowait()
+        self._accounting.settle()
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
         raw = encode_envelope(envelope)
