@@ -16,10 +16,11 @@ import trio
 import trio.testing
 
 from busd.accounting import Accountant
+from busd.batching import BatchDispatcher
 from busd.catalog import Catalog
 from busd.client import Batch, ClientSubscription, RequestFailed, SubscribeFailed, connect
 from busd.connection import Connection
-from busd.daemon import Daemon, DaemonConfig
+from busd.daemon import Daemon, DaemonConfig, Subscription
 from busd.events import (
     Envelope,
     Event,
@@ -627,6 +628,43 @@ async def test_a_publish_frame_is_accounted_and_delivered_before_the_next_read(
         assert stats.output_tokens > 0
         got = await collect(sub, 50)
         assert [e.event.text for e in got if isinstance(e.event, TextDelta)][-1] == "49 "
+
+
+async def test_settle_delivers_a_burst_before_it_accounts_the_deltas() -> None:
+    # The subscribers get the burst first; the token estimates come after,
+    # still before the connection reads on.
+    daemon = Daemon(DaemonConfig(journal=None), accountant=Accountant(tick_interval=3600))
+    pending_at_delivery: list[int] = []
+
+    async def send(batch: list[Envelope[Event]]) -> None:
+        raise AssertionError("a burst that finds the subscriber idle goes out without waiting")
+
+    def send_nowait(batch: list[Envelope[Event]]) -> bool:
+        pending_at_delivery.append(daemon.accountant.deferred_deltas)
+        return True
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        dispatcher = BatchDispatcher(
+            send, window=0, merge_deltas=False, send_nowait=send_nowait, flusher=daemon.flusher
+        )
+        daemon.add_subscription(
+            Subscription(
+                1,
+                1,
+                ["stream.text.delta"],
+                sessions=None,
+                owned_only=False,
+                dispatcher=dispatcher,
+            )
+        )
+        await nursery.start(dispatcher.run)
+        for i in range(5):
+            daemon.publish(TextDelta(message_id="m", text=f"{i} "), session_id="s1")
+        daemon.settle()
+        assert pending_at_delivery == [5]
+        assert daemon.accountant.deferred_deltas == 0
+        nursery.cancel_scope.cancel()
 
 
 # -- frames stay under the cap ----------------------------------------------------
