@@ -43,14 +43,20 @@ def receive(mode: str, fd: int, messages: int) -> None:
 
     sock = socket.socket(fileno=fd)
     latencies: list[int] = []
+    pending = bytearray()  # a stamp split across two reads
     wakeups = 0
 
     def took(data: bytes) -> None:
         nonlocal wakeups
         now = time.monotonic_ns()
+        if not data:
+            raise SystemExit("the sender went away")
         wakeups += 1
-        for offset in range(0, len(data) - len(data) % STAMP.size, STAMP.size):
-            latencies.append(now - STAMP.unpack_from(data, offset)[0])
+        pending.extend(data)
+        whole = len(pending) - len(pending) % STAMP.size
+        for offset in range(0, whole, STAMP.size):
+            latencies.append(now - STAMP.unpack_from(pending, offset)[0])
+        del pending[:whole]
 
     sock.sendall(b"r")  # ready: the loop's modules are imported, count from here
     cpu_start = _usage_s()
