@@ -35,11 +35,11 @@ import msgspec
 import trio
 
 from ._version import __version__
-from .catalog import Catalog
-from .endpoint import resolve_socket_path
-from .errors import BusdError
-from .events import Envelope, Event
-from .protocol import (
+from .core.catalog import Catalog
+from .core.errors import BusdError
+from .core.events import Envelope, Event
+from .daemon.endpoint import resolve_socket_path
+from .wire.frames import (
     BYE,
     PROTOCOL_VERSION,
     Bye,

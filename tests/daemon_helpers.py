@@ -12,12 +12,13 @@ from typing import Any
 
 import trio
 
-from busd.accounting import Accountant
-from busd.catalog import Catalog
-from busd.daemon import Daemon, DaemonConfig
-from busd.endpoint import Endpoint
-from busd.plugins import PluginManager
-from busd.protocol import (
+from busd.core.accounting import Accountant
+from busd.core.catalog import Catalog
+from busd.daemon.endpoint import Endpoint
+from busd.daemon.hub import Daemon, DaemonConfig
+from busd.daemon.server import Server
+from busd.plugins.manager import PluginManager
+from busd.wire.frames import (
     PROTOCOL_VERSION,
     Frame,
     Hello,
@@ -26,7 +27,6 @@ from busd.protocol import (
     encode_frame,
     server_frame_decoder,
 )
-from busd.server import Server
 
 
 @asynccontextmanager

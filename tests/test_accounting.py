@@ -5,10 +5,10 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.accounting import Accountant, AccountingService
-from busd.bus import Bus
-from busd.context import ContextRegistry
-from busd.events import (
+from busd.core.accounting import Accountant, AccountingService
+from busd.core.bus import Bus
+from busd.core.context import ContextRegistry
+from busd.core.events import (
     ContextUsage,
     Envelope,
     Event,
@@ -26,7 +26,7 @@ from busd.events import (
     TurnStart,
     Usage,
 )
-from busd.stats import StatsRegistry
+from busd.core.stats import StatsRegistry
 
 
 def derived_of(bus: Bus) -> list[Envelope[Event]]:

@@ -11,9 +11,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.batching import BatchDispatcher, Flusher, Overflow, SubscriberOverflowed
-from busd.errors import BusdError
-from busd.events import Envelope, Event, TextDelta, TokenUsage, TurnEnd, TurnStart, Usage
+from busd.core.errors import BusdError
+from busd.core.events import Envelope, Event, TextDelta, TokenUsage, TurnEnd, TurnStart, Usage
+from busd.daemon.batching import BatchDispatcher, Flusher, Overflow, SubscriberOverflowed
 
 Batch = list[Envelope[Event]]
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.bus import Bus, HandlerError
-from busd.errors import InvalidPattern, UnknownEventType
-from busd.events import (
+from busd.core.bus import Bus, HandlerError
+from busd.core.errors import InvalidPattern, UnknownEventType
+from busd.core.events import (
     Envelope,
     Event,
     SessionIdle,

@@ -7,11 +7,11 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from busd.catalog import Catalog
-from busd.catalogdoc import render_markdown
 from busd.cli import main
-from busd.errors import CatalogConflict, UnknownEventType
-from busd.events import (
+from busd.core.catalog import Catalog
+from busd.core.catalogdoc import render_markdown
+from busd.core.errors import CatalogConflict, UnknownEventType
+from busd.core.events import (
     BUILTIN_EVENTS,
     Envelope,
     Event,

@@ -6,7 +6,7 @@ from typing import cast
 import msgspec
 import pytest
 
-from busd.coalesce import (
+from busd.core.coalesce import (
     DELTA_TYPES,
     KEYED_TYPES,
     LIFECYCLE_TYPES,
@@ -15,8 +15,8 @@ from busd.coalesce import (
     chain_keyers,
     coalescing_key,
 )
-from busd.errors import BusdError
-from busd.events import (
+from busd.core.errors import BusdError
+from busd.core.events import (
     BUILTIN_EVENTS,
     AgentComplete,
     AgentStart,

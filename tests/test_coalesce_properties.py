@@ -10,8 +10,8 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.coalesce import LIFECYCLE_TYPES, Accumulator, coalescing_key
-from busd.events import (
+from busd.core.coalesce import LIFECYCLE_TYPES, Accumulator, coalescing_key
+from busd.core.events import (
     AgentUpdate,
     Envelope,
     Event,

@@ -6,9 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from busd.cli import main
-from busd.config import ConfigError, load_config
-from busd.events import PermissionRequested
-from busd.permissions import match_rule
+from busd.core.events import PermissionRequested
+from busd.core.permissions import match_rule
+from busd.daemon.config import ConfigError, load_config
 
 GOOD = """
 [runs]

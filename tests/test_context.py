@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.context import ContextRegistry, ContextWindow
-from busd.estimate import estimate_json_tokens, estimate_tokens
-from busd.events import (
+from busd.core.context import ContextRegistry, ContextWindow
+from busd.core.estimate import estimate_json_tokens, estimate_tokens
+from busd.core.events import (
     ContextBreakdown,
     Envelope,
     Event,

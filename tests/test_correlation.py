@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.correlation import (
+from busd.core.correlation import (
     Correlator,
     DuplicateRun,
     EndStatus,
     Route,
     UnknownRun,
 )
-from busd.errors import BusdError
-from busd.events import (
+from busd.core.errors import BusdError
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     Envelope,

@@ -19,8 +19,8 @@ import msgspec
 import pytest
 import trio
 
-from busd.catalog import Catalog
-from busd.protocol import (
+from busd.core.catalog import Catalog
+from busd.wire.frames import (
     PROTOCOL_VERSION,
     Error,
     Goodbye,
@@ -35,7 +35,7 @@ from .daemon_helpers import BUSD, read_line, serving
 PUBLISHER = """
 import sys, trio
 from busd.client import connect
-from busd.events import SessionIdle, SessionInfo, TextDelta
+from busd.core.events import SessionIdle, SessionInfo, TextDelta
 
 async def main(path, count):
     async with connect(path, client="publisher", role="agent") as client:

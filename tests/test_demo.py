@@ -14,7 +14,7 @@ from pathlib import Path
 
 import trio
 
-from busd.demo import BUNDLED, bundled_recordings
+from busd.frontends.demo import BUNDLED, bundled_recordings
 
 BUSD = [sys.executable, "-m", "busd"]
 DEADLINE = 60.0

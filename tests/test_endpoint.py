@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from busd.endpoint import (
+from busd.core.errors import BusdError
+from busd.daemon.endpoint import (
     MAX_SOCKET_PATH,
     AlreadyRunning,
     Endpoint,
@@ -29,7 +30,6 @@ from busd.endpoint import (
     peer_credentials,
     resolve_socket_path,
 )
-from busd.errors import BusdError
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="changing uid needs root")
@@ -241,7 +241,7 @@ def test_second_instance_fails_naming_the_pid_and_the_first_keeps_serving(
 
 SECOND_INSTANCE = """
 import json, sys
-from busd.endpoint import AlreadyRunning, Endpoint
+from busd.daemon.endpoint import AlreadyRunning, Endpoint
 try:
     Endpoint.bind(sys.argv[1])
 except AlreadyRunning as exc:
@@ -275,7 +275,7 @@ def test_listener_without_the_lock_is_not_evicted(sock_path: Path) -> None:
 
 HOLD_UNTIL_KILLED = """
 import sys
-from busd.endpoint import Endpoint
+from busd.daemon.endpoint import Endpoint
 endpoint = Endpoint.bind(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.read()

@@ -6,7 +6,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.estimate import estimate_json_tokens, estimate_tokens
+from busd.core.estimate import estimate_json_tokens, estimate_tokens
 
 # The recorded Anthropic reply in the shared SDK fixtures: 30 real output tokens.
 RECORDED_REPLY = (

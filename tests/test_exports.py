@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 
 import busd
-import busd.events
+import busd.core.events
 
 
 def test_every_exported_name_resolves_and_is_unique() -> None:
@@ -16,7 +16,7 @@ def test_every_exported_name_resolves_and_is_unique() -> None:
 
 
 def test_every_event_class_is_public() -> None:
-    for cls in busd.events.BUILTIN_EVENTS:
+    for cls in busd.core.events.BUILTIN_EVENTS:
         assert getattr(busd, cls.__name__) is cls
 
 
@@ -30,5 +30,5 @@ def test_exports_come_from_the_package_and_name_themselves() -> None:
 
 
 def test_every_module_imports_on_its_own() -> None:
-    for info in pkgutil.iter_modules(busd.__path__):
-        importlib.import_module(f"busd.{info.name}")
+    for info in pkgutil.walk_packages(busd.__path__, prefix="busd."):
+        importlib.import_module(info.name)

@@ -27,9 +27,9 @@ import msgspec
 import pytest
 import trio
 
-from busd.catalog import Catalog
 from busd.client import connect
-from busd.events import (
+from busd.core.catalog import Catalog
+from busd.core.events import (
     Envelope,
     Event,
     PermissionOption,
@@ -42,7 +42,7 @@ from busd.events import (
     TokenUsage,
     ToolStart,
 )
-from busd.headless import (
+from busd.frontends.headless import (
     EXIT_AGENT_ERROR,
     EXIT_CANCELLED,
     EXIT_OK,
@@ -55,7 +55,7 @@ from busd.headless import (
     reply_for,
     summary_lines,
 )
-from busd.protocol import Runs
+from busd.wire.frames import Runs
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "sdk" / "anthropic.jsonl"

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.events import Envelope, Event, TextDelta
-from busd.history import History
-from busd.protocol import encode_envelope
+from busd.core.events import Envelope, Event, TextDelta
+from busd.core.history import History
+from busd.wire.frames import encode_envelope
 
 _DECODE = msgspec.msgpack.Decoder(Envelope[TextDelta])
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.events import StreamingStats
-from busd.humanize import format_duration, format_tokens, status_line, summary_line
+from busd.core.events import StreamingStats
+from busd.frontends.humanize import format_duration, format_tokens, status_line, summary_line
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 import uuid
 
-from busd.bus import Bus
-from busd.events import SessionIdle
-from busd.ids import EventIds
+from busd.core.bus import Bus
+from busd.core.events import SessionIdle
+from busd.core.ids import EventIds
 
 
 def test_ids_are_uuid7_with_the_current_millisecond() -> None:

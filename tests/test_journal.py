@@ -24,13 +24,10 @@ import trio.lowlevel
 import trio.testing
 from click.testing import CliRunner
 
-from busd.batching import BatchDispatcher
-from busd.catalog import Catalog
 from busd.cli import main
 from busd.client import Client, connect
-from busd.config import ConfigError, FileConfig, load_config
-from busd.daemon import Daemon, DaemonConfig, Subscription
-from busd.events import (
+from busd.core.catalog import Catalog
+from busd.core.events import (
     Envelope,
     Event,
     RunFinished,
@@ -48,9 +45,13 @@ from busd.events import (
     TurnStart,
     Usage,
 )
-from busd.ids import new_event_id
-from busd.journal import Found, Journal, Missing, page_items
-from busd.journalfile import (
+from busd.core.ids import new_event_id
+from busd.core.sessions import SessionRegistry
+from busd.daemon.batching import BatchDispatcher
+from busd.daemon.config import ConfigError, FileConfig, load_config
+from busd.daemon.hub import Daemon, DaemonConfig, Subscription
+from busd.daemon.journal import Found, Journal, Missing, page_items
+from busd.daemon.journalfile import (
     APPLICATION_ID,
     SCHEMA_VERSION,
     JournalError,
@@ -62,9 +63,7 @@ from busd.journalfile import (
     parse_duration,
     parse_size,
 )
-from busd.protocol import Status, encode_envelope
-from busd.sessions import SessionRegistry
-from busd.transcript import (
+from busd.frontends.transcript import (
     ReasoningPart,
     TextPart,
     ToolCallPart,
@@ -72,6 +71,7 @@ from busd.transcript import (
     build_transcript,
     export_document,
 )
+from busd.wire.frames import Status, encode_envelope
 from tests.daemon_helpers import running_daemon
 
 SIGNATURE = "EqQBCkgIARABGAIiQL7+signature/with+slashes=="
@@ -121,7 +121,7 @@ class Harness:
 
 
 def _row(state: Any) -> tuple[Any, ...]:
-    from busd.journalfile import session_row
+    from busd.daemon.journalfile import session_row
 
     return session_row(state)
 
@@ -785,7 +785,7 @@ async def test_a_restarted_daemon_continues_seq_keeps_sessions_and_resumes(
 
 
 def _sessions() -> Any:
-    from busd.protocol import Sessions
+    from busd.wire.frames import Sessions
 
     return Sessions()
 

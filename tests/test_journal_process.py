@@ -25,7 +25,7 @@ import pytest
 import trio
 
 from busd.client import Client, ConnectionLost, connect
-from busd.events import (
+from busd.core.events import (
     Envelope,
     Event,
     SessionIdle,
@@ -40,8 +40,8 @@ from busd.events import (
     TurnStart,
     Usage,
 )
-from busd.journalfile import SCHEMA_VERSION, JournalFile, JournalReader
-from busd.protocol import Status
+from busd.daemon.journalfile import SCHEMA_VERSION, JournalFile, JournalReader
+from busd.wire.frames import Status
 
 from .daemon_helpers import BUSD, read_line, serving
 

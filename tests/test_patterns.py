@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from busd.errors import InvalidPattern
-from busd.patterns import Pattern, is_pattern
+from busd.core.errors import InvalidPattern
+from busd.core.patterns import Pattern, is_pattern
 
 
 @pytest.mark.parametrize(

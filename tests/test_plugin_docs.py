@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from busd import hookspecs
+from busd.plugins import hookspecs
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
 REFERENCE = "## Hook reference"

@@ -28,15 +28,11 @@ import trio
 import trio.testing
 from click.testing import CliRunner
 
-from busd.adapters import Adapter, Emitted, Translator, as_mapping
-from busd.batching import BatchDispatcher
-from busd.catalog import Catalog
 from busd.cli import main as cli
 from busd.client import ClientSubscription, connect
-from busd.daemon import Daemon
-from busd.endpoint import Endpoint
-from busd.errors import PluginConfigError
-from busd.events import (
+from busd.core.catalog import Catalog
+from busd.core.errors import PluginConfigError
+from busd.core.events import (
     Envelope,
     Event,
     InternalError,
@@ -51,10 +47,14 @@ from busd.events import (
     Usage,
     event_type,
 )
-from busd.hookspecs import Service, hookimpl
-from busd.plugins import HookFailure, PluginManager, supervise
-from busd.protocol import Ingest
-from busd.server import Server
+from busd.daemon.batching import BatchDispatcher
+from busd.daemon.endpoint import Endpoint
+from busd.daemon.hub import Daemon
+from busd.daemon.server import Server
+from busd.plugins.adapters import Adapter, Emitted, Translator, as_mapping
+from busd.plugins.hookspecs import Service, hookimpl
+from busd.plugins.manager import HookFailure, PluginManager, supervise
+from busd.wire.frames import Ingest
 
 from .daemon_helpers import RawClient
 
@@ -278,8 +278,8 @@ def test_a_blocking_hook_is_flagged_and_logged_and_still_counts(
 
 
 GOOD_PLUGIN = """
-from busd.adapters import Translator
-from busd.hookspecs import hookimpl
+from busd.plugins.adapters import Translator
+from busd.plugins.hookspecs import hookimpl
 
 
 class _Nothing(Translator):
@@ -459,7 +459,7 @@ async def test_a_plugin_type_taking_a_built_in_name_is_refused_and_the_daemon_st
     assert daemon.catalog.get("acme.build.finished") is BuildFinished  # the rest still count
     [error] = errors
     assert error.where == "busd_event_types"
-    assert "'stream.session.start' is already busd.events.SessionStart" in error.message
+    assert "'stream.session.start' is already busd.core.events.SessionStart" in error.message
 
 
 class BuildKeys:
@@ -829,8 +829,8 @@ TRANSLATE_WITH_ECHO = textwrap.dedent(
     import json
 
     import busd_echo
-    from busd.events import event_type
-    from busd.plugins import PluginManager
+    from busd.core.events import event_type
+    from busd.plugins.manager import PluginManager
 
     manager = PluginManager()
     manager.load_entry_points()

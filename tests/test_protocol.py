@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from busd.catalog import Catalog
-from busd.errors import BusdError
-from busd.events import (
+from busd.core.catalog import Catalog
+from busd.core.errors import BusdError
+from busd.core.events import (
     Envelope,
     Event,
     SessionIdle,
@@ -20,7 +20,7 @@ from busd.events import (
     ToolStart,
     Usage,
 )
-from busd.protocol import (
+from busd.wire.frames import (
     BAD_HANDSHAKE,
     COMMANDS,
     DEFAULT_MAX_FRAME,

@@ -10,9 +10,9 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.catalog import Catalog
-from busd.events import Envelope, SessionIdle, TextDelta, ToolStart
-from busd.protocol import (
+from busd.core.catalog import Catalog
+from busd.core.events import Envelope, SessionIdle, TextDelta, ToolStart
+from busd.wire.frames import (
     ERROR_CODES,
     FRAME_TOO_LARGE,
     Bye,

@@ -28,12 +28,9 @@ import trio
 import trio.testing
 from click.testing import CliRunner
 
-from busd.adapters import Adapter
 from busd.cli import main as cli
 from busd.client import Client, RequestFailed, connect
-from busd.daemon import Daemon
-from busd.drivers import PermissionDecision, RunContext, RunRequest
-from busd.events import (
+from busd.core.events import (
     Envelope,
     Event,
     PermissionRequested,
@@ -45,9 +42,11 @@ from busd.events import (
     TokenUsage,
     event_type,
 )
-from busd.plugins import PluginManager
-from busd.protocol import Runs
-from busd.replay import (
+from busd.daemon.hub import Daemon
+from busd.plugins.adapters import Adapter
+from busd.plugins.drivers import PermissionDecision, RunContext, RunRequest
+from busd.plugins.manager import PluginManager
+from busd.plugins.replay import (
     BUNDLED,
     FORMAT_VERSION,
     ReplayDriver,
@@ -56,6 +55,7 @@ from busd.replay import (
     load_recording,
     parse_recording,
 )
+from busd.wire.frames import Runs
 from tests.daemon_helpers import running_daemon
 
 ROOT = Path(__file__).resolve().parent.parent

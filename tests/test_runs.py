@@ -19,12 +19,8 @@ import pytest
 import trio
 import trio.testing
 
-from busd.adapters import Adapter, Emitted, Translator
 from busd.client import RequestFailed, connect
-from busd.daemon import Daemon, DaemonConfig
-from busd.drivers import Driver, PermissionDecision, RunContext
-from busd.endpoint import Endpoint
-from busd.events import (
+from busd.core.events import (
     Envelope,
     Event,
     PermissionOption,
@@ -41,11 +37,15 @@ from busd.events import (
     ToolStart,
     Usage,
 )
-from busd.hookspecs import hookimpl
-from busd.permissions import PermissionRule
-from busd.plugins import PluginManager
-from busd.protocol import Runs
-from busd.server import Server
+from busd.core.permissions import PermissionRule
+from busd.daemon.endpoint import Endpoint
+from busd.daemon.hub import Daemon, DaemonConfig
+from busd.daemon.server import Server
+from busd.plugins.adapters import Adapter, Emitted, Translator
+from busd.plugins.drivers import Driver, PermissionDecision, RunContext
+from busd.plugins.hookspecs import hookimpl
+from busd.plugins.manager import PluginManager
+from busd.wire.frames import Runs
 
 OPTIONS = [
     PermissionOption(id="allow_once", label="Allow once", kind="allow_once"),

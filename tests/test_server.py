@@ -15,13 +15,10 @@ import pytest
 import trio
 import trio.testing
 
-from busd.accounting import Accountant
-from busd.batching import BatchDispatcher
-from busd.catalog import Catalog
 from busd.client import Batch, ClientSubscription, RequestFailed, SubscribeFailed, connect
-from busd.connection import Connection
-from busd.daemon import Daemon, DaemonConfig, Subscription
-from busd.events import (
+from busd.core.accounting import Accountant
+from busd.core.catalog import Catalog
+from busd.core.events import (
     Envelope,
     Event,
     SessionIdle,
@@ -33,7 +30,10 @@ from busd.events import (
     TurnEnd,
     Usage,
 )
-from busd.protocol import (
+from busd.daemon.batching import BatchDispatcher
+from busd.daemon.connection import Connection
+from busd.daemon.hub import Daemon, DaemonConfig, Subscription
+from busd.wire.frames import (
     PROTOCOL_VERSION,
     Error,
     Events,

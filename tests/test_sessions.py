@@ -5,7 +5,7 @@ from itertools import count
 import msgspec
 import pytest
 
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     ContextUsage,
@@ -29,7 +29,7 @@ from busd.events import (
     ToolStart,
     Usage,
 )
-from busd.sessions import SessionRegistry, SessionSnapshot, SessionSummary, SubAgent
+from busd.core.sessions import SessionRegistry, SessionSnapshot, SessionSummary, SubAgent
 
 
 class Feed:

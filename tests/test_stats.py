@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.estimate import estimate_json_tokens, estimate_tokens
-from busd.events import (
+from busd.core.estimate import estimate_json_tokens, estimate_tokens
+from busd.core.events import (
     Envelope,
     Event,
     RunFinished,
@@ -25,7 +25,7 @@ from busd.events import (
     TurnStart,
     Usage,
 )
-from busd.stats import StatsRegistry, StreamingStatsTracker
+from busd.core.stats import StatsRegistry, StreamingStatsTracker
 
 _seq = count(1)
 

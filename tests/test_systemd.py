@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from busd.systemd import listen_fds, notify
+from busd.daemon.systemd import listen_fds, notify
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ for target, fd in enumerate(passed, start=3):  # where systemd would have put th
     os.dup2(fd, target)
     os.close(fd)
 os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS=str(len(passed)), LISTEN_FDNAMES="a:b")
-from busd.systemd import listen_fds
+from busd.daemon.systemd import listen_fds
 socks = listen_fds()
 print(json.dumps({
     "fds": [s.fileno() for s in socks],

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from busd.events import (
+from busd.core.events import (
     Envelope,
     Event,
     RunFinished,
@@ -15,7 +15,7 @@ from busd.events import (
     ToolStart,
     ToolTimeout,
 )
-from busd.toolmetrics import ToolTracker
+from busd.core.toolmetrics import ToolTracker
 
 _seq = count(1)
 

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console, RenderableType
 
 from busd.client import RequestFailed
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     Envelope,
@@ -31,9 +31,16 @@ from busd.events import (
     ToolStart,
     TurnStart,
 )
-from busd.tui import PlainLog, Screen, input_summary, render_session, session_line, tool_duration
-from busd.view import Views
-from busd.watch import HELP, Cancel, Quit, Reply, WatchState, _refusal, parse_keys
+from busd.frontends.tui import (
+    PlainLog,
+    Screen,
+    input_summary,
+    render_session,
+    session_line,
+    tool_duration,
+)
+from busd.frontends.view import Views
+from busd.frontends.watch import HELP, Cancel, Quit, Reply, WatchState, _refusal, parse_keys
 
 T0 = 1_700_000_000.0
 

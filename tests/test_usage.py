@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.errors import BusdError
-from busd.events import RunFinished, TokenUsage, Usage
-from busd.usage import (
+from busd.core.errors import BusdError
+from busd.core.events import RunFinished, TokenUsage, Usage
+from busd.core.usage import (
     PROVIDERS,
     UnknownProvider,
     UsageLedger,

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     ContextBreakdown,
@@ -33,7 +33,7 @@ from busd.events import (
     ToolStart,
     ToolTimeout,
 )
-from busd.view import (
+from busd.frontends.view import (
     AgentBlock,
     NoticeBlock,
     PermissionBlock,

@@ -27,7 +27,7 @@ import trio
 
 from busd.client import Client
 from busd.client import connect as busd_connect
-from busd.events import PermissionRequested, SessionInfo
+from busd.core.events import PermissionRequested, SessionInfo
 
 BUSD = [sys.executable, "-m", "busd"]
 RECORDING = {"recording": "claude_code"}

@@ -27,9 +27,9 @@ import pytest
 import trio
 
 from busd.client import Client, connect
-from busd.events import Envelope, Event, PermissionResolved, TextDelta
-from busd.plugins import PluginManager
-from busd.web import Browser, WebBridge, serve_web
+from busd.core.events import Envelope, Event, PermissionResolved, TextDelta
+from busd.frontends.web import Browser, WebBridge, serve_web
+from busd.plugins.manager import PluginManager
 
 from .daemon_helpers import running_daemon
 

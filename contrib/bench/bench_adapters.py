@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from busd.plugins import PluginManager
+from busd.plugins.manager import PluginManager
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "sdk"
 FIXTURE_OF = {

@@ -42,7 +42,7 @@ from pathlib import Path
 import trio
 
 import busd
-from busd.events import TextDelta
+from busd.core.events import TextDelta
 
 TEXT = ("The agent streams its answer one small piece at a time. " * 3)[:100]
 

@@ -21,9 +21,9 @@ import fnmatch
 import time
 from collections.abc import Callable
 
-from busd.bus import Bus
-from busd.coalesce import Accumulator
-from busd.events import Envelope, Event, TextDelta, TokenUsage, Usage
+from busd.core.bus import Bus
+from busd.core.coalesce import Accumulator
+from busd.core.events import Envelope, Event, TextDelta, TokenUsage, Usage
 
 
 def best_rate(fn: Callable[[int], None], n: int, repeat: int) -> float:

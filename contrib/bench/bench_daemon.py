@@ -23,12 +23,12 @@ from typing import Any
 
 import trio
 
-from busd.batching import BatchDispatcher
-from busd.catalog import Catalog
-from busd.daemon import Daemon, DaemonConfig, Subscription
-from busd.events import Envelope, Event, TextDelta
-from busd.plugins import PluginManager
-from busd.protocol import (
+from busd.core.catalog import Catalog
+from busd.core.events import Envelope, Event, TextDelta
+from busd.daemon.batching import BatchDispatcher
+from busd.daemon.hub import Daemon, DaemonConfig, Subscription
+from busd.plugins.manager import PluginManager
+from busd.wire.frames import (
     ClientFrame,
     Encoder,
     Events,

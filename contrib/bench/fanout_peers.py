@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 import trio
 
-from busd.events import TextDelta
+from busd.core.events import TextDelta
 
 CHANNEL = "bench.fanout"  # the Redis channel and the NATS subject
 EVENT_TYPE = "stream.text.delta"

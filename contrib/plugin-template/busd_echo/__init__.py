@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from busd import hookimpl
-from busd.adapters import Adapter, Emitted, Translator, as_mapping
-from busd.events import SessionIdle, SessionStart, TextComplete, TextDelta
+from busd.core.events import SessionIdle, SessionStart, TextComplete, TextDelta
+from busd.plugins.adapters import Adapter, Emitted, Translator, as_mapping
 
 __all__ = ["EchoAdapter", "EchoTranslator", "busd_adapters"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from busd.adapters import Adapter
-from busd.events import SessionIdle, SessionStart, TextComplete, TextDelta
+from busd.core.events import SessionIdle, SessionStart, TextComplete, TextDelta
+from busd.plugins.adapters import Adapter
 
 from busd_echo import MESSAGE_ID, busd_adapters
 

@@ -92,9 +92,9 @@ import msgspec
 import trio
 
 from busd import __version__
-from busd.drivers import PermissionDecision, RunContext, RunRequest
-from busd.errors import BusdError
-from busd.events import PermissionOption, PermissionRequested
+from busd.core.errors import BusdError
+from busd.core.events import PermissionOption, PermissionRequested
+from busd.plugins.drivers import PermissionDecision, RunContext, RunRequest
 
 from .translator import AcpTranslator
 

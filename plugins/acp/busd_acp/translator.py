@@ -58,8 +58,7 @@ from typing import Any, Final, Literal, TypeGuard
 
 import msgspec
 
-from busd.adapters import Emitted, Translator, as_mapping
-from busd.events import (
+from busd.core.events import (
     PermissionOption,
     PermissionRequested,
     PermissionResolved,
@@ -81,7 +80,8 @@ from busd.events import (
     TurnStart,
     Usage,
 )
-from busd.usage import UsageLedger, normalize_usage
+from busd.core.usage import UsageLedger, normalize_usage
+from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 __all__ = ["AcpTranslator"]
 

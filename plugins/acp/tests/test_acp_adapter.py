@@ -19,8 +19,7 @@ from busd_acp import AcpAdapter, AcpTranslator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.adapters import Emitted
-from busd.events import (
+from busd.core.events import (
     Event,
     PermissionOption,
     PermissionRequested,
@@ -44,7 +43,8 @@ from busd.events import (
     Usage,
     event_type,
 )
-from busd.plugins import PluginManager
+from busd.plugins.adapters import Emitted
+from busd.plugins.manager import PluginManager
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk" / "acp.jsonl"
 SESSION = "sess_abc123def456"

@@ -18,9 +18,7 @@ import pytest
 import trio
 from busd_acp import AcpAdapter, AcpAgentError, AcpDriver, AcpOptionsError, busd_drivers
 
-from busd.adapters import Emitted
-from busd.drivers import Driver, PermissionDecision, RunContext, RunRequest
-from busd.events import (
+from busd.core.events import (
     Event,
     PermissionRequested,
     PermissionResolved,
@@ -31,6 +29,8 @@ from busd.events import (
     ToolComplete,
     TurnEnd,
 )
+from busd.plugins.adapters import Emitted
+from busd.plugins.drivers import Driver, PermissionDecision, RunContext, RunRequest
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk" / "acp.jsonl"
 FAKE = Path(__file__).resolve().parent / "fake_acp_agent.py"

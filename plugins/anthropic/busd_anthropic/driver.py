@@ -44,8 +44,8 @@ from typing import Any, Final
 
 import trio
 
-from busd.drivers import RunContext, RunRequest
-from busd.errors import BusdError
+from busd.core.errors import BusdError
+from busd.plugins.drivers import RunContext, RunRequest
 
 __all__ = [
     "CLIENT_OPTIONS",

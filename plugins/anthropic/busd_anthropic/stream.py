@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
-from busd.events import (
+from busd.core.events import (
     Event,
     SessionError,
     TextComplete,
@@ -44,7 +44,7 @@ from busd.events import (
     TurnStart,
     Usage,
 )
-from busd.usage import UsageLedger, merge_cumulative, normalize_usage
+from busd.core.usage import UsageLedger, merge_cumulative, normalize_usage
 
 __all__ = [
     "RETRYABLE_ERRORS",

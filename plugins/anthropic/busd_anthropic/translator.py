@@ -17,8 +17,8 @@ word, until the next ``message_start`` shows work again.
 
 from __future__ import annotations
 
-from busd.adapters import Emitted, Translator, as_mapping
-from busd.events import Event, SessionIdle, SessionStart
+from busd.core.events import Event, SessionIdle, SessionStart
+from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 from .stream import MessageStream
 

@@ -13,8 +13,7 @@ from busd_anthropic import AnthropicAdapter, AnthropicTranslator, busd_adapters
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.adapters import Adapter, Emitted, Translator
-from busd.events import (
+from busd.core.events import (
     Event,
     SessionError,
     SessionIdle,
@@ -29,6 +28,7 @@ from busd.events import (
     TurnStart,
     Usage,
 )
+from busd.plugins.adapters import Adapter, Emitted, Translator
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk"
 

@@ -14,9 +14,7 @@ from busd_anthropic import AnthropicAdapter, AnthropicDriver, busd_drivers
 from busd_anthropic.driver import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, StreamIncomplete
 from fake_anthropic import FakeMessagesAPI
 
-from busd.adapters import Emitted
-from busd.drivers import Driver, PermissionDecision, RunContext, RunRequest
-from busd.events import (
+from busd.core.events import (
     Event,
     PermissionRequested,
     SessionError,
@@ -25,6 +23,8 @@ from busd.events import (
     ToolStart,
     Usage,
 )
+from busd.plugins.adapters import Emitted
+from busd.plugins.drivers import Driver, PermissionDecision, RunContext, RunRequest
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk"
 PROMPT = "What's the weather in San Francisco?"

@@ -51,8 +51,7 @@ from typing import Any, Final, Literal
 
 from busd_anthropic.stream import MessageStream, result_text
 
-from busd.adapters import Emitted, Translator, as_mapping
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     Event,
@@ -66,7 +65,8 @@ from busd.events import (
     ToolComplete,
     ToolStart,
 )
-from busd.usage import UsageLedger, normalize_usage
+from busd.core.usage import UsageLedger, normalize_usage
+from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 from .permissions import category, permission_options, resolution
 

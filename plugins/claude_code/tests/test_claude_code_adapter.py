@@ -14,8 +14,7 @@ from busd_claude_code import ClaudeCodeTranslator, busd_adapters, control_respon
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.adapters import Adapter, Emitted, Translator
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     Event,
@@ -35,6 +34,7 @@ from busd.events import (
     TurnStart,
     Usage,
 )
+from busd.plugins.adapters import Adapter, Emitted, Translator
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk"
 SESSION = "febcaa44-9f0f-4ae7-ad70-748009748653"

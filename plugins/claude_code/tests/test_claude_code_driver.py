@@ -22,8 +22,7 @@ import trio.testing
 from busd_claude_code import ClaudeCodeDriver, ClaudeCodeError, ClaudeCodeTranslator, busd_drivers
 from busd_claude_code.driver import DEFAULT_MODEL, InvalidDriverOptions, _Run, agent_options
 
-from busd.drivers import Driver, PermissionDecision, RunRequest
-from busd.events import (
+from busd.core.events import (
     Event,
     PermissionOption,
     PermissionRequested,
@@ -33,6 +32,7 @@ from busd.events import (
     ToolStart,
     Usage,
 )
+from busd.plugins.drivers import Driver, PermissionDecision, RunRequest
 
 pytest.importorskip("claude_agent_sdk")
 

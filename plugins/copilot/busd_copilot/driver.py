@@ -62,9 +62,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from busd.drivers import PermissionDecision, RunContext, RunRequest
-from busd.errors import BusdError
-from busd.events import PermissionRequested
+from busd.core.errors import BusdError
+from busd.core.events import PermissionRequested
+from busd.plugins.drivers import PermissionDecision, RunContext, RunRequest
 
 from .translator import CopilotTranslator
 

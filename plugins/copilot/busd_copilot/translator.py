@@ -52,8 +52,7 @@ from enum import Enum
 from typing import Any, Final, Literal
 from uuid import UUID
 
-from busd.adapters import Emitted, Translator, as_mapping
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     Event,
@@ -81,7 +80,8 @@ from busd.events import (
     TurnStart,
     Usage,
 )
-from busd.usage import UsageLedger, normalize_usage
+from busd.core.usage import UsageLedger, normalize_usage
+from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 __all__ = ["CopilotAdapter", "CopilotTranslator"]
 

@@ -20,8 +20,7 @@ from busd_copilot import CopilotAdapter, CopilotTranslator, busd_adapters
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from busd.adapters import Adapter, Emitted
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     Event,
@@ -45,6 +44,7 @@ from busd.events import (
     Usage,
     event_type,
 )
+from busd.plugins.adapters import Adapter, Emitted
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk" / "copilot.jsonl"
 SESSION = "4db6a695-04ee-466f-b26b-74dae52ad74c"

@@ -27,8 +27,7 @@ from busd_copilot import (
     busd_drivers,
 )
 
-from busd.drivers import Driver, PermissionDecision, RunRequest
-from busd.events import (
+from busd.core.events import (
     Event,
     PermissionRequested,
     PermissionResolved,
@@ -38,6 +37,7 @@ from busd.events import (
     ToolComplete,
     Usage,
 )
+from busd.plugins.drivers import Driver, PermissionDecision, RunRequest
 
 pytest.importorskip("copilot")
 

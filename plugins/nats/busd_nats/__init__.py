@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from busd.hookspecs import Service, hookimpl
+from busd.plugins.hookspecs import Service, hookimpl
 
 from .bridge import AsyncioThread, Bridge, BridgeStatistics
 from .ingest import LOCAL_ONLY, IngestStatistics
@@ -23,7 +23,7 @@ from .options import BridgeOptions, NatsOptionsError, check_keys, default_name, 
 from .subjects import IngestFilter, consumer_name, escape_token, subject_for
 
 if TYPE_CHECKING:
-    from busd.daemon import Daemon
+    from busd.daemon.hub import Daemon
 
 __all__ = [
     "LOCAL_ONLY",

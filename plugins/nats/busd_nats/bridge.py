@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgspec
 import trio
 
-from busd.events import Envelope, Event, InternalError, event_type
+from busd.core.events import Envelope, Event, InternalError, event_type
 
 from .ingest import LOCAL_ONLY, Incoming, Ingestor, IngestStatistics
 from .nats_side import NamedLog, NatsBridgeError, NatsWorker, ToTrio
@@ -51,7 +51,7 @@ from .outbox import Outbox, Outgoing
 from .subjects import IngestFilter, subject_for
 
 if TYPE_CHECKING:
-    from busd.daemon import Daemon
+    from busd.daemon.hub import Daemon
 
 __all__ = ["AsyncioThread", "Bridge", "BridgeStatistics"]
 

@@ -17,9 +17,9 @@ from typing import Any, Literal, NamedTuple, get_args
 
 import msgspec
 
-from busd.catalog import Catalog
-from busd.errors import BusdError
-from busd.events import Envelope, Event
+from busd.core.catalog import Catalog
+from busd.core.errors import BusdError
+from busd.core.events import Envelope, Event
 
 from .subjects import IngestFilter, origin_of
 

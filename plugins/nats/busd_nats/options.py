@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from busd.errors import InvalidPattern, PluginConfigError
-from busd.patterns import Pattern
+from busd.core.errors import InvalidPattern, PluginConfigError
+from busd.core.patterns import Pattern
 
 __all__ = ["BridgeOptions", "NatsOptionsError", "check_keys", "default_name", "parse_options"]
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from busd.patterns import Pattern
+from busd.core.patterns import Pattern
 
 __all__ = [
     "PREFIX",

@@ -17,10 +17,10 @@ import nats
 import pytest
 import trio
 
-from busd.daemon import Daemon, DaemonConfig
-from busd.endpoint import Endpoint
-from busd.plugins import PluginManager
-from busd.server import Server
+from busd.daemon.endpoint import Endpoint
+from busd.daemon.hub import Daemon, DaemonConfig
+from busd.daemon.server import Server
+from busd.plugins.manager import PluginManager
 
 __all__ = [
     "INSTALL_HINT",

@@ -29,10 +29,10 @@ from nats_helpers import (
 )
 
 import busd
-from busd.daemon import Daemon, DaemonConfig
-from busd.errors import PluginConfigError
-from busd.events import Envelope, Event, InternalError, SessionInfo
-from busd.plugins import PluginManager
+from busd.core.errors import PluginConfigError
+from busd.core.events import Envelope, Event, InternalError, SessionInfo
+from busd.daemon.hub import Daemon, DaemonConfig
+from busd.plugins.manager import PluginManager
 
 SESSIONS = ("s1", "s2", "s3")
 

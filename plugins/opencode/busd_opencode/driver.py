@@ -65,9 +65,9 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import trio
 
-from busd.drivers import PermissionDecision, RunContext, RunRequest
-from busd.errors import BusdError
-from busd.events import PermissionRequested, PermissionResolved
+from busd.core.errors import BusdError
+from busd.core.events import PermissionRequested, PermissionResolved
+from busd.plugins.drivers import PermissionDecision, RunContext, RunRequest
 
 from ._wire import field, ident, mapping, session_of
 from .translator import OpenCodeTranslator

@@ -30,8 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
-from busd.adapters import Emitted, Translator, as_mapping
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     Event,
@@ -54,7 +53,8 @@ from busd.events import (
     TurnStart,
     Usage,
 )
-from busd.usage import UsageLedger, normalize_usage
+from busd.core.usage import UsageLedger, normalize_usage
+from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 from ._wire import (
     MESSAGE_ERRORS,

@@ -15,8 +15,7 @@ from busd_opencode import OpenCodeAdapter, OpenCodeTranslator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.adapters import Emitted
-from busd.events import (
+from busd.core.events import (
     AgentComplete,
     AgentStart,
     Event,
@@ -39,7 +38,8 @@ from busd.events import (
     Usage,
     event_type,
 )
-from busd.plugins import PluginManager
+from busd.plugins.adapters import Emitted
+from busd.plugins.manager import PluginManager
 
 E = TypeVar("E", bound=Event)
 

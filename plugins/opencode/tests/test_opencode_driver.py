@@ -14,9 +14,7 @@ from busd_opencode.driver import OpenCodeRunError, UnsupportedOption, plan_run, 
 from fake_opencode import FIXTURE_SESSION, FakeOpenCode, Raw, fixture
 from opencode_ai import InternalServerError
 
-from busd.adapters import Emitted
-from busd.drivers import Driver, PermissionDecision, RunContext, RunRequest
-from busd.events import (
+from busd.core.events import (
     Event,
     PermissionRequested,
     PermissionResolved,
@@ -24,6 +22,8 @@ from busd.events import (
     ToolComplete,
     Usage,
 )
+from busd.plugins.adapters import Emitted
+from busd.plugins.drivers import Driver, PermissionDecision, RunContext, RunRequest
 
 E = TypeVar("E", bound=Event)
 Answer = Callable[[PermissionRequested], Awaitable[PermissionDecision]]

@@ -53,7 +53,7 @@ from typing import Any, Final, TypeAlias
 import msgspec
 import trio
 
-from .events import Envelope, Event
+from ..core.events import Envelope, Event
 from .journalfile import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_SIZE,

@@ -35,9 +35,9 @@ from typing import (
 
 import msgspec
 
-from .catalog import Catalog
-from .errors import BusdError
-from .events import Envelope, Event
+from ..core.catalog import Catalog
+from ..core.errors import BusdError
+from ..core.events import Envelope, Event
 
 __all__ = [
     "ALREADY_RESOLVED",

@@ -41,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, NamedTuple, Protocol, Self, TypeAlias
 
-from .errors import BusdError
+from ..core.errors import BusdError
 
 __all__ = [
     "MAX_SOCKET_PATH",

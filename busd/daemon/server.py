@@ -21,11 +21,11 @@ from pathlib import Path
 
 import trio
 
+from ..wire.frames import FORBIDDEN, SHUTDOWN, TOO_MANY_CONNECTIONS, Error, encode_frame
 from . import systemd
 from .connection import Connection, close_gracefully
-from .daemon import Daemon
 from .endpoint import Endpoint, peer_allowed, peer_credentials
-from .protocol import FORBIDDEN, SHUTDOWN, TOO_MANY_CONNECTIONS, Error, encode_frame
+from .hub import Daemon
 
 __all__ = ["Server", "serve"]
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from .events import Event
+from ..core.events import Event
 
 __all__ = [
     "Adapter",

@@ -34,9 +34,9 @@ from typing import Any
 
 import msgspec
 
-from .errors import BusdError
+from ..core.errors import BusdError
+from ..core.permissions import PermissionRule
 from .journalfile import parse_duration, parse_size
-from .permissions import PermissionRule
 
 __all__ = ["ConfigError", "FileConfig", "load_config"]
 

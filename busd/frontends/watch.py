@@ -34,9 +34,9 @@ import trio
 from rich.console import Console
 from rich.live import Live
 
-from .client import Client, ClientSubscription, ConnectionLost, RequestFailed
-from .client import connect as busd_connect
-from .events import Envelope, Event, RunFinished, SessionIdle
+from ..client import Client, ClientSubscription, ConnectionLost, RequestFailed
+from ..client import connect as busd_connect
+from ..core.events import Envelope, Event, RunFinished, SessionIdle
 from .tui import PlainLog, Screen, reply_keys
 from .view import SessionView, Views
 

@@ -39,8 +39,8 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from hypercorn.typing import ASGIFramework
 
-from .client import Batch, Client, ClientSubscription, ConnectionLost, RequestFailed, connect
-from .events import StreamingStats
+from ..client import Batch, Client, ClientSubscription, ConnectionLost, RequestFailed, connect
+from ..core.events import StreamingStats
 from .view import SessionView, Views
 
 __all__ = ["Browser", "WebBridge", "default_name", "run_web", "serve_web"]
@@ -425,7 +425,7 @@ async def _json(send: Send, status: int, data: object) -> None:
 
 
 async def _static(send: Send, name: str) -> None:
-    data = (resources.files("busd") / "webui" / name).read_bytes()
+    data = (resources.files("busd.frontends") / "webui" / name).read_bytes()
     content_type = STATIC.get(name, "text/html; charset=utf-8")
     await _respond(send, 200, data, content_type.encode())
 

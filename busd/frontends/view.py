@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .events import (
+from ..core.events import (
     AgentComplete,
     AgentStart,
     AgentUpdate,

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import trio
 
-from .client import ConnectionLost, RequestFailed, connect
-from .daemon import Daemon, DaemonConfig
-from .endpoint import Endpoint
-from .events import PermissionRequested
-from .plugins import PluginManager
-from .server import Server
+from ..client import ConnectionLost, RequestFailed, connect
+from ..core.events import PermissionRequested
+from ..daemon.endpoint import Endpoint
+from ..daemon.hub import Daemon, DaemonConfig
+from ..daemon.server import Server
+from ..plugins.manager import PluginManager
 from .watch import watch
 
 __all__ = ["BUNDLED", "DemoRun", "bundled_recordings", "run_demo"]

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Literal
 
 import pluggy
 
+from ..core.events import Envelope, Event, PermissionRequested
 from .adapters import Adapter
 from .drivers import Driver
-from .events import Envelope, Event, PermissionRequested
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from ..daemon.hub import Daemon
 
 __all__ = [
     "PROJECT",

@@ -23,7 +23,7 @@ from typing import Final
 
 import trio
 
-from .coalesce import (
+from ..core.coalesce import (
     DEFAULT_MAX_MERGED_CHARS,
     Accumulator,
     AccumulatorFull,
@@ -31,8 +31,8 @@ from .coalesce import (
     Keyer,
     coalescing_key,
 )
-from .errors import BusdError
-from .events import Envelope, Event
+from ..core.errors import BusdError
+from ..core.events import Envelope, Event
 
 __all__ = [
     "DEFAULT_WINDOW",

@@ -30,9 +30,9 @@ from typing import Any, Final, TypeAlias, cast
 
 import msgspec
 
-from .errors import BusdError
-from .events import ContextUsage, Envelope, Event, StreamingStats, TokenUsage
-from .sessions import SessionState, SessionStatus, SessionSummary
+from ..core.errors import BusdError
+from ..core.events import ContextUsage, Envelope, Event, StreamingStats, TokenUsage
+from ..core.sessions import SessionState, SessionStatus, SessionSummary
 
 __all__ = [
     "APPLICATION_ID",

@@ -32,10 +32,8 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from .client import Client, ConnectionLost, DaemonNotRunning, RequestFailed, connect
-from .daemon import Daemon, DaemonConfig
-from .endpoint import Endpoint, EndpointError, resolve_socket_path
-from .events import (
+from ..client import Client, ConnectionLost, DaemonNotRunning, RequestFailed, connect
+from ..core.events import (
     Envelope,
     Event,
     PermissionRequested,
@@ -54,9 +52,11 @@ from .events import (
     ToolComplete,
     ToolStart,
 )
+from ..daemon.endpoint import Endpoint, EndpointError, resolve_socket_path
+from ..daemon.hub import Daemon, DaemonConfig
+from ..daemon.server import Server
+from ..plugins.manager import PluginManager
 from .humanize import format_duration, format_tokens, summary_line
-from .plugins import PluginManager
-from .server import Server
 
 __all__ = [
     "CLIENT_NAME",

@@ -20,15 +20,12 @@ from typing import Any
 import msgspec
 import trio
 
-from ._version import __version__
-from .adapters import Translator
-from .batching import BatchDispatcher
-from .daemon import Daemon, PublishRejected, Resume, Subscription
-from .errors import InvalidPattern
-from .events import Envelope, Event
-from .journal import JournalSpan, Missing
-from .permissions import PermissionRejected
-from .protocol import (
+from .._version import __version__
+from ..core.errors import InvalidPattern
+from ..core.events import Envelope, Event
+from ..core.permissions import PermissionRejected
+from ..plugins.adapters import Translator
+from ..wire.frames import (
     BAD_HANDSHAKE,
     BYE,
     FRAME_TOO_LARGE,
@@ -73,6 +70,9 @@ from .protocol import (
     Unsubscribe,
     client_frame_decoder,
 )
+from .batching import BatchDispatcher
+from .hub import Daemon, PublishRejected, Resume, Subscription
+from .journal import JournalSpan, Missing
 from .runs import RunRejected
 
 __all__ = ["Connection", "close_gracefully"]

@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from .events import Event, PermissionRequested
+from ..core.events import Event, PermissionRequested
 
 __all__ = ["Driver", "PermissionDecision", "RunContext", "RunRequest"]
 

@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
-from .events import (
+from ..core.events import (
     Envelope,
     Event,
     PermissionRequested,
@@ -53,7 +53,7 @@ from .events import (
     TurnStart,
     Usage,
 )
-from .usage import merge_cumulative
+from ..core.usage import merge_cumulative
 
 __all__ = [
     "Message",

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import msgspec
 import trio
 
-from .drivers import PermissionDecision
+from ..plugins.drivers import PermissionDecision
 from .errors import BusdError
 from .events import Envelope, Event, PermissionOption, PermissionRequested, PermissionResolved
 

@@ -30,15 +30,15 @@ import msgspec
 import pluggy
 import trio
 
+from .._version import __version__
+from ..core.errors import PluginConfigError
+from ..core.events import Envelope, Event, PermissionRequested
 from . import hookspecs
-from ._version import __version__
 from .adapters import Adapter
 from .drivers import Driver
-from .errors import PluginConfigError
-from .events import Envelope, Event, PermissionRequested
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from ..daemon.hub import Daemon
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -55,7 +55,7 @@ ENTRY_POINT_GROUP = "busd"
 DISABLE_AUTOLOAD = "BUSD_DISABLE_PLUGIN_AUTOLOAD"
 BLOCK = "BUSD_BLOCK_PLUGINS"
 
-BUILTIN_PLUGINS: Final[Mapping[str, str]] = {"busd.replay": "busd.replay"}
+BUILTIN_PLUGINS: Final[Mapping[str, str]] = {"busd.replay": "busd.plugins.replay"}
 """Plugin name to module, for the plugins that are part of busd (distribution ``busd``)."""
 
 

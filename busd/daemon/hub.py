@@ -29,16 +29,14 @@ from typing import Any
 import msgspec
 import trio
 
-from ._version import __version__
-from .accounting import Accountant, AccountingService
-from .adapters import Adapter, Emitted
-from .batching import BatchDispatcher, Flusher
-from .bus import Bus
-from .catalog import Catalog
-from .coalesce import Keyer, chain_keyers, coalescing_key
-from .correlation import Correlator
-from .errors import BusdError
-from .events import (
+from .._version import __version__
+from ..core.accounting import Accountant, AccountingService
+from ..core.bus import Bus
+from ..core.catalog import Catalog
+from ..core.coalesce import Keyer, chain_keyers, coalescing_key
+from ..core.correlation import Correlator
+from ..core.errors import BusdError
+from ..core.events import (
     BUILTIN_EVENTS,
     Envelope,
     Event,
@@ -47,7 +45,14 @@ from .events import (
     StreamingStats,
     event_type,
 )
-from .history import History
+from ..core.history import History
+from ..core.patterns import Pattern
+from ..core.permissions import PermissionBroker, PermissionRule
+from ..core.sessions import SessionRegistry
+from ..plugins.adapters import Adapter, Emitted
+from ..plugins.manager import HookFailure, PluginManager, supervise
+from ..wire.frames import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
+from .batching import BatchDispatcher, Flusher
 from .journal import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_PENDING,
@@ -57,12 +62,7 @@ from .journal import (
     Retention,
     session_row,
 )
-from .patterns import Pattern
-from .permissions import PermissionBroker, PermissionRule
-from .plugins import HookFailure, PluginManager, supervise
-from .protocol import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
 from .runs import RunManager
-from .sessions import SessionRegistry
 
 __all__ = ["Daemon", "DaemonConfig", "PublishRejected", "Resume", "Subscription"]
 

@@ -24,10 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import trio
 
-from .adapters import Adapter, Translator
-from .drivers import Driver, PermissionDecision, RunRequest
-from .errors import BusdError
-from .events import (
+from ..core.errors import BusdError
+from ..core.events import (
     Envelope,
     Event,
     PermissionRequested,
@@ -38,11 +36,13 @@ from .events import (
     SessionError,
     TokenUsage,
 )
-from .permissions import PermissionBroker
-from .toolmetrics import ToolTracker
+from ..core.permissions import PermissionBroker
+from ..core.toolmetrics import ToolTracker
+from ..plugins.adapters import Adapter, Translator
+from ..plugins.drivers import Driver, PermissionDecision, RunRequest
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from .hub import Daemon
 
 __all__ = ["RunManager", "RunRejected", "RunState", "scoped_request_id"]
 

@@ -29,9 +29,9 @@ from typing import Annotated, Any, Final
 import msgspec
 import trio
 
+from ..core.errors import BusdError
+from ..core.events import PermissionRequested
 from .drivers import Driver, RunContext
-from .errors import BusdError
-from .events import PermissionRequested
 from .hookspecs import hookimpl
 
 __all__ = [

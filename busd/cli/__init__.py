@@ -17,18 +17,18 @@ import click
 import msgspec
 import trio
 
-from ._version import __version__
-from .catalog import Catalog
-from .catalogdoc import render_markdown
-from .client import ConnectionLost, DaemonNotRunning
-from .client import connect as busd_connect
-from .config import ConfigError, FileConfig, load_config
-from .daemon import Daemon, DaemonConfig
-from .endpoint import AlreadyRunning, EndpointError, resolve_socket_path
-from .errors import BusdError, PluginConfigError
-from .events import Envelope, Event, event_type
-from .humanize import format_tokens
-from .journalfile import (
+from .._version import __version__
+from ..client import ConnectionLost, DaemonNotRunning
+from ..client import connect as busd_connect
+from ..core.catalog import Catalog
+from ..core.catalogdoc import render_markdown
+from ..core.errors import BusdError, PluginConfigError
+from ..core.events import Envelope, Event, event_type
+from ..core.patterns import Pattern, is_pattern
+from ..daemon.config import ConfigError, FileConfig, load_config
+from ..daemon.endpoint import AlreadyRunning, EndpointError, resolve_socket_path
+from ..daemon.hub import Daemon, DaemonConfig
+from ..daemon.journalfile import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_SIZE,
     JournalError,
@@ -36,11 +36,11 @@ from .journalfile import (
     parse_duration,
     parse_size,
 )
-from .patterns import Pattern, is_pattern
-from .plugins import PluginManager
-from .protocol import Ingest, Status
-from .server import serve as serve_forever
-from .transcript import build_transcript, export_document
+from ..daemon.server import serve as serve_forever
+from ..frontends.humanize import format_tokens
+from ..frontends.transcript import build_transcript, export_document
+from ..plugins.manager import PluginManager
+from ..wire.frames import Ingest, Status
 
 
 @click.group()
@@ -97,7 +97,7 @@ def demo(
     speed: float, plain: bool, auto_approve: bool | None, keep: bool, names: tuple[str, ...]
 ) -> None:
     """Start a daemon, replay recorded agent runs through it, and watch them."""
-    from .demo import BUNDLED, default_interactive, run_demo
+    from ..frontends.demo import BUNDLED, default_interactive, run_demo
 
     interactive = default_interactive() and not plain
     try:
@@ -513,8 +513,8 @@ def watch(
     exit_when_idle: bool,
 ) -> None:
     """Show the sessions live: text, thinking, tools, sub-agents, permission prompts, usage."""
-    from .watch import default_name
-    from .watch import watch as run_watch
+    from ..frontends.watch import default_name
+    from ..frontends.watch import watch as run_watch
 
     path = _socket(socket_path)
     _run_client(
@@ -543,7 +543,7 @@ def watch(
 @click.option("--name", default=None, help="Client name, the `by` of answers [web@host:pid].")
 def web(socket_path: Path | None, host: str, port: int, name: str | None) -> None:
     """Serve the sessions to browsers: prints the URL to open (with its access token)."""
-    from .web import run_web
+    from ..frontends.web import run_web
 
     logging.basicConfig(level="WARNING", format="busd: %(name)s: %(message)s")
     path = _socket(socket_path)
@@ -915,7 +915,7 @@ def run_command(
     rule matches is denied. Exit codes: 0 ok, 1 agent error, 2 usage error,
     124 watchdog timeout, 130 cancelled (SIGINT/SIGTERM cancel the run).
     """
-    from .headless import HeadlessRun, ToolRules, parse_option, run_headless
+    from ..frontends.headless import HeadlessRun, ToolRules, parse_option, run_headless
 
     logging.basicConfig(level=log_level.upper(), format="busd: %(name)s: %(message)s")
     parsed: dict[str, Any] = {}

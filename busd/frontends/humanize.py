@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from .events import StreamingStats
+from ..core.events import StreamingStats
 
 __all__ = ["format_duration", "format_tokens", "status_line", "summary_line"]
 
