@@ -15,7 +15,6 @@ from .client import RequestFailed as RequestFailed
 from .client import SubscribeFailed as SubscribeFailed
 from .client import connect as connect
 from .core.accounting import Accountant as Accountant
-from .core.accounting import AccountingService as AccountingService
 from .core.accounting import Derived as Derived
 from .core.bus import Bus as Bus
 from .core.bus import BusStatistics as BusStatistics
@@ -42,6 +41,7 @@ from .core.correlation import UnknownRun as UnknownRun
 from .core.errors import BusdError as BusdError
 from .core.errors import CatalogConflict as CatalogConflict
 from .core.errors import InvalidPattern as InvalidPattern
+from .core.errors import PluginConfigError as PluginConfigError
 from .core.errors import UnknownEventType as UnknownEventType
 from .core.estimate import estimate_json_tokens as estimate_json_tokens
 from .core.estimate import estimate_tokens as estimate_tokens
@@ -50,6 +50,7 @@ from .core.events import __all__ as _event_names
 from .core.history import History as History
 from .core.history import Replay as Replay
 from .core.patterns import Pattern as Pattern
+from .core.permissions import PermissionDecision as PermissionDecision
 from .core.sessions import SessionRegistry as SessionRegistry
 from .core.sessions import SessionSnapshot as SessionSnapshot
 from .core.sessions import SessionSummary as SessionSummary
@@ -65,6 +66,7 @@ from .core.usage import UsageLedgerStatistics as UsageLedgerStatistics
 from .core.usage import add_usage as add_usage
 from .core.usage import merge_cumulative as merge_cumulative
 from .core.usage import normalize_usage as normalize_usage
+from .daemon.accounting import AccountingService as AccountingService
 from .daemon.batching import BatchDispatcher as BatchDispatcher
 from .daemon.batching import DispatcherStatistics as DispatcherStatistics
 from .daemon.batching import Flusher as Flusher
@@ -73,8 +75,6 @@ from .daemon.batching import Overflow as Overflow
 from .daemon.batching import SubscriberOverflowed as SubscriberOverflowed
 from .daemon.endpoint import AlreadyRunning as AlreadyRunning
 from .daemon.endpoint import Endpoint as Endpoint
-from .daemon.endpoint import EndpointError as EndpointError
-from .daemon.endpoint import resolve_socket_path as resolve_socket_path
 from .daemon.hub import Daemon as Daemon
 from .daemon.hub import DaemonConfig as DaemonConfig
 from .daemon.journal import Journal as Journal
@@ -96,23 +96,30 @@ from .plugins.adapters import Emitted as Emitted
 from .plugins.adapters import Translator as Translator
 from .plugins.adapters import TranslatorStatistics as TranslatorStatistics
 from .plugins.adapters import as_mapping as as_mapping
+from .plugins.drivers import Driver as Driver
+from .plugins.drivers import RunContext as RunContext
+from .plugins.drivers import RunRequest as RunRequest
 from .plugins.hookspecs import Service as Service
 from .plugins.hookspecs import hookimpl as hookimpl
+from .plugins.host import HostConfig as HostConfig
+from .plugins.host import PluginHost as PluginHost
 from .plugins.manager import HookFailure as HookFailure
 from .plugins.manager import PluginInfo as PluginInfo
 from .plugins.manager import PluginManager as PluginManager
 from .plugins.manager import supervise as supervise
 from .plugins.replay import ReplayDriver as ReplayDriver
-from .wire.frames import PROTOCOL_VERSION as PROTOCOL_VERSION
-from .wire.frames import Encoder as Encoder
-from .wire.frames import FrameDecoder as FrameDecoder
-from .wire.frames import ProtocolError as ProtocolError
-from .wire.frames import ServerFrameDecoder as ServerFrameDecoder
-from .wire.frames import ServerHandshake as ServerHandshake
-from .wire.frames import client_frame_decoder as client_frame_decoder
-from .wire.frames import encode_envelope as encode_envelope
-from .wire.frames import encode_frame as encode_frame
-from .wire.frames import server_frame_decoder as server_frame_decoder
+from .wire import PROTOCOL_VERSION as PROTOCOL_VERSION
+from .wire import Encoder as Encoder
+from .wire import FrameDecoder as FrameDecoder
+from .wire import ProtocolError as ProtocolError
+from .wire import ServerFrameDecoder as ServerFrameDecoder
+from .wire import ServerHandshake as ServerHandshake
+from .wire import client_frame_decoder as client_frame_decoder
+from .wire import encode_envelope as encode_envelope
+from .wire import encode_frame as encode_frame
+from .wire import server_frame_decoder as server_frame_decoder
+from .wire.address import EndpointError as EndpointError
+from .wire.address import resolve_socket_path as resolve_socket_path
 
 __all__ = [
     "__version__",
@@ -151,6 +158,7 @@ __all__ = [
     "DaemonNotRunning",
     "Derived",
     "DispatcherStatistics",
+    "Driver",
     "DuplicateRun",
     "Emitted",
     "encode_envelope",
@@ -171,6 +179,7 @@ __all__ = [
     "History",
     "HookFailure",
     "hookimpl",
+    "HostConfig",
     "InvalidPattern",
     "Journal",
     "JournalError",
@@ -182,6 +191,9 @@ __all__ = [
     "normalize_usage",
     "Overflow",
     "Pattern",
+    "PermissionDecision",
+    "PluginConfigError",
+    "PluginHost",
     "PluginInfo",
     "PluginManager",
     "PROTOCOL_VERSION",
@@ -193,6 +205,8 @@ __all__ = [
     "Retention",
     "Route",
     "Run",
+    "RunContext",
+    "RunRequest",
     "Server",
     "server_frame_decoder",
     "ServerFrameDecoder",

@@ -38,8 +38,7 @@ from ._version import __version__
 from .core.catalog import Catalog
 from .core.errors import BusdError
 from .core.events import Envelope, Event
-from .daemon.endpoint import resolve_socket_path
-from .wire.frames import (
+from .wire import (
     BYE,
     PROTOCOL_VERSION,
     Bye,
@@ -68,6 +67,7 @@ from .wire.frames import (
     encode_frame,
     server_frame_decoder,
 )
+from .wire.address import resolve_socket_path
 
 __all__ = [
     "Batch",

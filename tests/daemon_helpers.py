@@ -18,7 +18,7 @@ from busd.daemon.endpoint import Endpoint
 from busd.daemon.hub import Daemon, DaemonConfig
 from busd.daemon.server import Server
 from busd.plugins.manager import PluginManager
-from busd.wire.frames import (
+from busd.wire import (
     PROTOCOL_VERSION,
     Frame,
     Hello,

@@ -5,7 +5,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.core.accounting import Accountant, AccountingService
+from busd.core.accounting import Accountant
 from busd.core.bus import Bus
 from busd.core.context import ContextRegistry
 from busd.core.events import (
@@ -27,6 +27,7 @@ from busd.core.events import (
     Usage,
 )
 from busd.core.stats import StatsRegistry
+from busd.daemon.accounting import AccountingService
 
 
 def derived_of(bus: Bus) -> list[Envelope[Event]]:

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from busd.core.catalog import Catalog
-from busd.wire.frames import (
+from busd.wire import (
     PROTOCOL_VERSION,
     Error,
     Goodbye,

@@ -18,14 +18,12 @@ import pytest
 import trio
 
 from busd.core.errors import BusdError
-from busd.daemon.endpoint import (
+from busd.daemon.endpoint import AlreadyRunning, Endpoint, lock_path_for
+from busd.wire.address import (
     MAX_SOCKET_PATH,
-    AlreadyRunning,
-    Endpoint,
     EndpointError,
     PeerCredentials,
     default_socket_path,
-    lock_path_for,
     peer_allowed,
     peer_credentials,
     resolve_socket_path,

@@ -55,7 +55,7 @@ from busd.frontends.headless import (
     reply_for,
     summary_lines,
 )
-from busd.wire.frames import Runs
+from busd.wire import Runs
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "sdk" / "anthropic.jsonl"

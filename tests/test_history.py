@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from busd.core.events import Envelope, Event, TextDelta
 from busd.core.history import History
-from busd.wire.frames import encode_envelope
+from busd.wire import encode_envelope
 
 _DECODE = msgspec.msgpack.Decoder(Envelope[TextDelta])
 

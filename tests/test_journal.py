@@ -71,7 +71,7 @@ from busd.frontends.transcript import (
     build_transcript,
     export_document,
 )
-from busd.wire.frames import Status, encode_envelope
+from busd.wire import Status, encode_envelope
 from tests.daemon_helpers import running_daemon
 
 SIGNATURE = "EqQBCkgIARABGAIiQL7+signature/with+slashes=="
@@ -785,7 +785,7 @@ async def test_a_restarted_daemon_continues_seq_keeps_sessions_and_resumes(
 
 
 def _sessions() -> Any:
-    from busd.wire.frames import Sessions
+    from busd.wire import Sessions
 
     return Sessions()
 

@@ -41,7 +41,7 @@ from busd.core.events import (
     Usage,
 )
 from busd.daemon.journalfile import SCHEMA_VERSION, JournalFile, JournalReader
-from busd.wire.frames import Status
+from busd.wire import Status
 
 from .daemon_helpers import BUSD, read_line, serving
 

@@ -53,8 +53,9 @@ from busd.daemon.hub import Daemon
 from busd.daemon.server import Server
 from busd.plugins.adapters import Adapter, Emitted, Translator, as_mapping
 from busd.plugins.hookspecs import Service, hookimpl
+from busd.plugins.host import PluginHost
 from busd.plugins.manager import HookFailure, PluginManager, supervise
-from busd.wire.frames import Ingest
+from busd.wire import Ingest
 
 from .daemon_helpers import RawClient
 
@@ -122,11 +123,11 @@ class RaisingPlugin:
         raise RuntimeError("adapter hook exploded")
 
     @hookimpl
-    def busd_startup(self, daemon: Daemon) -> None:
+    def busd_startup(self, daemon: PluginHost) -> None:
         raise RuntimeError("startup hook exploded")
 
     @hookimpl
-    def busd_shutdown(self, daemon: Daemon) -> None:
+    def busd_shutdown(self, daemon: PluginHost) -> None:
         raise RuntimeError("shutdown hook exploded")
 
 
@@ -135,11 +136,11 @@ class Lifecycle:
         self.calls: list[str] = []
 
     @hookimpl
-    def busd_startup(self, daemon: Daemon) -> None:
+    def busd_startup(self, daemon: PluginHost) -> None:
         self.calls.append("startup")
 
     @hookimpl
-    def busd_shutdown(self, daemon: Daemon) -> None:
+    def busd_shutdown(self, daemon: PluginHost) -> None:
         self.calls.append("shutdown")
 
 
@@ -580,7 +581,7 @@ class Services:
         self.services = services
 
     @hookimpl
-    def busd_services(self, daemon: Daemon) -> Sequence[Service]:
+    def busd_services(self, daemon: PluginHost) -> Sequence[Service]:
         return self.services
 
 
@@ -907,12 +908,12 @@ def test_a_configuration_error_is_not_contained_but_raised() -> None:
 
     class Broken:
         @hookimpl
-        def busd_services(self, daemon: Daemon) -> Sequence[Service]:
+        def busd_services(self, daemon: PluginHost) -> Sequence[Service]:
             raise RuntimeError("a bug")
 
     class Misconfigured:
         @hookimpl
-        def busd_services(self, daemon: Daemon) -> Sequence[Service]:
+        def busd_services(self, daemon: PluginHost) -> Sequence[Service]:
             raise PluginConfigError("[plugins.x]: unknown option 'ulr'")
 
     manager = PluginManager(environ={})

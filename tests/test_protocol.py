@@ -20,7 +20,7 @@ from busd.core.events import (
     ToolStart,
     Usage,
 )
-from busd.wire.frames import (
+from busd.wire import (
     BAD_HANDSHAKE,
     COMMANDS,
     DEFAULT_MAX_FRAME,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from busd.core.catalog import Catalog
 from busd.core.events import Envelope, SessionIdle, TextDelta, ToolStart
-from busd.wire.frames import (
+from busd.wire import (
     ERROR_CODES,
     FRAME_TOO_LARGE,
     Bye,

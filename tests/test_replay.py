@@ -55,7 +55,7 @@ from busd.plugins.replay import (
     load_recording,
     parse_recording,
 )
-from busd.wire.frames import Runs
+from busd.wire import Runs
 from tests.daemon_helpers import running_daemon
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -45,7 +45,7 @@ from busd.plugins.adapters import Adapter, Emitted, Translator
 from busd.plugins.drivers import Driver, PermissionDecision, RunContext
 from busd.plugins.hookspecs import hookimpl
 from busd.plugins.manager import PluginManager
-from busd.wire.frames import Runs
+from busd.wire import Runs
 
 OPTIONS = [
     PermissionOption(id="allow_once", label="Allow once", kind="allow_once"),

@@ -33,7 +33,7 @@ from busd.core.events import (
 from busd.daemon.batching import BatchDispatcher
 from busd.daemon.connection import Connection
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
-from busd.wire.frames import (
+from busd.wire import (
     PROTOCOL_VERSION,
     Error,
     Events,

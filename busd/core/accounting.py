@@ -8,20 +8,16 @@ thinking timer visibly ticks) and once more when the session goes quiet;
 the context figure; ``busd.tool.timeout`` once per overdue tool call.
 Nothing is emitted per delta, so accounting never doubles the event rate.
 
-:class:`AccountingService` is the Trio shell: a bus handler plus a loop that
-sleeps until the next tick or tool deadline.
+:class:`busd.daemon.accounting.AccountingService` is the Trio shell: a bus
+handler plus a loop that sleeps until the next tick or tool deadline.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, cast
 
-import trio
-
-from .bus import Bus, Handle
 from .context import ContextRegistry
 from .events import (
     ContextUsage,
@@ -43,7 +39,7 @@ from .events import (
 from .stats import StatsRegistry
 from .toolmetrics import ToolTracker
 
-__all__ = ["Accountant", "AccountingService", "Derived"]
+__all__ = ["Accountant", "Derived"]
 
 _CONTEXT_MOVERS = (Usage, TurnEnd, SessionCompaction, SessionContext)
 _QUIET = (SessionIdle, RunFinished)
@@ -249,63 +245,3 @@ class Accountant:
         if snapshot is not None and self._last_stats.get(session_id) != snapshot:
             self._last_stats[session_id] = snapshot
             out.append(Derived(snapshot, session_id, run_id))
-
-
-class AccountingService:
-    """Publishes an accountant's derived events on a bus, with a Trio tick loop.
-
-    ``clock`` must be the clock the loop sleeps on (``trio.current_time`` by
-    default), so that durations agree with deadlines under a test clock.
-    """
-
-    def __init__(
-        self,
-        bus: Bus,
-        accountant: Accountant | None = None,
-        *,
-        clock: Callable[[], float] = trio.current_time,
-    ) -> None:
-        self.bus = bus
-        self.accountant = accountant if accountant is not None else Accountant()
-        self._clock = clock
-        self._wakeup = trio.Event()
-        self._sleeping_until = math.inf
-        self._handle: Handle | None = None
-
-    def _publish(self, derived: list[Derived]) -> None:
-        for item in derived:
-            self.bus.publish(
-                item.event,
-                session_id=item.session_id,
-                run_id=item.run_id,
-                agent_id=item.agent_id,
-                source="busd.accounting",
-            )
-
-    def settle(self) -> None:
-        """:meth:`Accountant.settle`: the caller's burst of events is over."""
-        self.accountant.settle()
-
-    def _on_event(self, envelope: Envelope[Event]) -> None:
-        self._publish(self.accountant.observe(envelope, self._clock()))
-        # Wake the loop only when it must now wake earlier than it planned: not
-        # a task switch per event.
-        wakeup = self.accountant.next_wakeup()
-        if wakeup is not None and wakeup < self._sleeping_until:
-            self._wakeup.set()
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Observe the bus and tick until cancelled; owned by the caller's nursery."""
-        self._handle = self.bus.on_all(self._on_event)
-        try:
-            task_status.started()
-            while True:
-                wakeup = self.accountant.next_wakeup()
-                self._sleeping_until = math.inf if wakeup is None else wakeup
-                with trio.move_on_at(self._sleeping_until):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                self._sleeping_until = -math.inf  # awake: events need not wake us
-                self._publish(self.accountant.tick(self._clock()))
-        finally:
-            self._handle.unsubscribe()

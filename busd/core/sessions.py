@@ -25,7 +25,7 @@ The session's own agent is the one with no ``agent_id``, or for a child
 session (a sub-agent's conversation) the one whose ``agent_id`` is the
 session id itself; only its idle, error, usage, stats and context describe
 the session. Usage on the bus is cumulative per session and agent, so its
-reports are merged with :func:`~busd.usage.merge_cumulative` (the later,
+reports are merged with :func:`~busd.core.usage.merge_cumulative` (the later,
 larger report wins; nothing is ever summed). Sub-agents' usage, stats and
 context are left to the accountant.
 

@@ -1,14 +1,14 @@
 """Streaming stats: the numbers of a live status line, per session and per run.
 
 Sans-I/O: a tracker is fed envelopes with the time they were seen
-(``observe(envelope, now)``) and asked for a :class:`~busd.events.StreamingStats`
+(``observe(envelope, now)``) and asked for a :class:`~busd.core.events.StreamingStats`
 at any time (``snapshot(now)``); time is always an argument, never read.
 docs/accounting.md states the rules; in short:
 
 - **Output tokens.** ``stream.usage`` carries running totals, so a report
   only counts when it raises the figure (repeats and late snapshots are
   absorbed). Text, thinking and tool-input seen *after* the last report is
-  estimated (:func:`busd.estimate.estimate_tokens`) and added on top, with
+  estimated (:func:`busd.core.estimate.estimate_tokens`) and added on top, with
   ``output_estimated=True``; the next report replaces that estimate. So the
   authoritative part never goes down, while the total may drop once when an
   over-estimate is corrected: a number that is wrong is worse than one that

@@ -303,7 +303,7 @@ def _detect(p: object) -> str:
 
 
 def normalize_usage(payload: object, *, provider: str | None = None) -> TokenUsage:
-    """The token usage in a provider's payload, as a :class:`~busd.events.TokenUsage`.
+    """The token usage in a provider's payload, as a :class:`~busd.core.events.TokenUsage`.
 
     ``payload`` may be a dict or any object with attributes (an SDK model, a
     dataclass). A wrapper that carries the counts under ``usage`` (an

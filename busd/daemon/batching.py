@@ -1,7 +1,7 @@
 """The per-subscriber flush loop: one coalesced batch per window, in order, never blocking the bus.
 
 :class:`BatchDispatcher` is the thin Trio shell around a
-:class:`~busd.coalesce.Accumulator`. The bus calls :meth:`~BatchDispatcher.add`
+:class:`~busd.core.coalesce.Accumulator`. The bus calls :meth:`~BatchDispatcher.add`
 synchronously from its handler; the owner runs :meth:`~BatchDispatcher.run`
 in its own nursery, and that loop hands batches to an async ``send``
 callable one at a time.

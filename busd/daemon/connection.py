@@ -1,7 +1,7 @@
 """One client connection: handshake, a reader task, a writer task.
 
 The reader decodes frames and answers them synchronously against the
-:class:`~busd.daemon.Daemon`; everything to send goes through one outbox,
+:class:`~busd.daemon.hub.Daemon`; everything to send goes through one outbox,
 drained by the writer in as few ``send_all`` calls as it can. The outbox is
 capped in bytes (queued plus in flight): a client that stops reading is told
 ``goodbye(slow_consumer, resume_seq)`` and closed, and nobody else waits for
@@ -25,7 +25,7 @@ from ..core.errors import InvalidPattern
 from ..core.events import Envelope, Event
 from ..core.permissions import PermissionRejected
 from ..plugins.adapters import Translator
-from ..wire.frames import (
+from ..wire import (
     BAD_HANDSHAKE,
     BYE,
     FRAME_TOO_LARGE,

@@ -1,4 +1,4 @@
-"""Where the daemon listens, and who may talk to it: socket path, single instance, peer checks.
+"""Where the daemon listens: binding the socket, one instance per path, cleanup.
 
 Plain blocking code on purpose: it runs once at startup and once at shutdown.
 The server wraps :attr:`Endpoint.socket` with ``trio.socket.from_stdlib_socket``.
@@ -6,8 +6,8 @@ The server wraps :attr:`Endpoint.socket` with ``trio.socket.from_stdlib_socket``
 The rules (written for users in ``docs/operations.md``):
 
 - **Path.** ``--socket PATH``, else ``$BUSD_SOCKET``, else
-  ``$XDG_RUNTIME_DIR/busd/bus.sock`` (:func:`resolve_socket_path`), made
-  absolute and checked against the ``sun_path`` limit of 107 bytes.
+  ``$XDG_RUNTIME_DIR/busd/bus.sock``
+  (:func:`busd.wire.address.resolve_socket_path`, shared with clients).
 - **Directory.** Created 0700 when missing (its parent must exist). An
   existing one must be owned by us or root, and must not be writable by
   group or others unless it is sticky (like ``/tmp``): whoever can write it
@@ -35,39 +35,17 @@ import logging
 import os
 import socket
 import stat
-import struct
-from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Final, NamedTuple, Protocol, Self, TypeAlias
+from typing import Self, TypeAlias
 
-from ..core.errors import BusdError
+from ..wire.address import EndpointError, peer_credentials, resolve_socket_path
 
-__all__ = [
-    "MAX_SOCKET_PATH",
-    "AlreadyRunning",
-    "Endpoint",
-    "EndpointError",
-    "PeerCredentials",
-    "default_socket_path",
-    "lock_path_for",
-    "peer_allowed",
-    "peer_credentials",
-    "resolve_socket_path",
-]
+__all__ = ["AlreadyRunning", "Endpoint", "lock_path_for"]
 
 logger = logging.getLogger("busd.endpoint")
 
-MAX_SOCKET_PATH: Final = 107
-"""Longest ``AF_UNIX`` path in bytes on Linux: ``sun_path`` is 108 bytes, NUL included."""
-
-_PEERCRED: Final = struct.Struct("3i")
-
 _Socket: TypeAlias = socket.socket  # the class below has a ``socket`` property
-
-
-class EndpointError(BusdError, OSError):
-    """The daemon's socket cannot be placed, bound or checked; the message says what to do."""
 
 
 class AlreadyRunning(EndpointError):
@@ -80,76 +58,9 @@ class AlreadyRunning(EndpointError):
         self.pid = pid
 
 
-def default_socket_path(environ: Mapping[str, str] = os.environ) -> Path:
-    """``$XDG_RUNTIME_DIR/busd/bus.sock``: per user, on tmpfs, gone at logout."""
-    runtime = environ.get("XDG_RUNTIME_DIR", "")
-    if not runtime or not os.path.isabs(runtime):
-        problem = "is not set" if not runtime else f"is not an absolute path ({runtime!r})"
-        raise EndpointError(
-            f"XDG_RUNTIME_DIR {problem}, so busd has no default socket path; "
-            "pass --socket PATH, or set BUSD_SOCKET or XDG_RUNTIME_DIR"
-        )
-    return Path(runtime, "busd", "bus.sock")
-
-
-def resolve_socket_path(
-    explicit: str | os.PathLike[str] | None, environ: Mapping[str, str] = os.environ
-) -> Path:
-    """The one rule the server and every client use: ``--socket``, ``$BUSD_SOCKET``, default.
-
-    The result is absolute (so a message names the same file whatever the
-    working directory) and short enough to bind or connect to.
-    """
-    if explicit is not None:
-        raw = os.fspath(explicit)
-        if not raw:
-            raise EndpointError("--socket was given an empty path")
-        path = Path(raw)
-    elif environ.get("BUSD_SOCKET"):
-        path = Path(environ["BUSD_SOCKET"])
-    else:
-        path = default_socket_path(environ)
-    path = Path(os.path.abspath(path))
-    size = len(os.fsencode(path))
-    if size > MAX_SOCKET_PATH:
-        raise EndpointError(
-            f"socket path is {size} bytes, over the {MAX_SOCKET_PATH}-byte limit of Unix "
-            f"sockets: {path}; choose a shorter --socket PATH"
-        )
-    return path
-
-
 def lock_path_for(path: Path) -> Path:
     """The single-instance lock file beside the socket: ``bus.sock`` → ``bus.sock.lock``."""
     return path.with_name(path.name + ".lock")
-
-
-class _HasGetsockopt(Protocol):
-    """A stdlib or Trio socket: all :func:`peer_credentials` needs."""
-
-    def getsockopt(self, level: int, optname: int, buflen: int, /) -> int | bytes: ...
-
-
-class PeerCredentials(NamedTuple):
-    """Who is at the other end of a Unix socket, as the kernel saw it at ``connect``."""
-
-    pid: int
-    uid: int
-    gid: int
-
-
-def peer_credentials(sock: _HasGetsockopt) -> PeerCredentials:
-    """The peer's pid, uid and gid via ``SO_PEERCRED`` (Linux); cannot be forged by the peer."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    assert isinstance(raw, bytes)
-    return PeerCredentials._make(_PEERCRED.unpack(raw))
-
-
-def peer_allowed(creds: PeerCredentials, *, server_uid: int | None = None) -> bool:
-    """Whether a peer may use the daemon: the daemon's own uid (default: ours), or root."""
-    if server_uid is None:
-        server_uid = os.getuid()
-    return creds.uid == server_uid or creds.uid == 0
 
 
 class Endpoint:

@@ -30,7 +30,7 @@ import msgspec
 import trio
 
 from .._version import __version__
-from ..core.accounting import Accountant, AccountingService
+from ..core.accounting import Accountant
 from ..core.bus import Bus
 from ..core.catalog import Catalog
 from ..core.coalesce import Keyer, chain_keyers, coalescing_key
@@ -47,12 +47,14 @@ from ..core.events import (
 )
 from ..core.history import History
 from ..core.patterns import Pattern
-from ..core.permissions import PermissionBroker, PermissionRule
+from ..core.permissions import PermissionRule
 from ..core.sessions import SessionRegistry
 from ..plugins.adapters import Adapter, Emitted
 from ..plugins.manager import HookFailure, PluginManager, supervise
-from ..wire.frames import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
+from ..wire import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
+from .accounting import AccountingService
 from .batching import BatchDispatcher, Flusher
+from .broker import PermissionBroker
 from .journal import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_PENDING,

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 import trio
 
+from ..core.accounting import Accountant
 from ..core.errors import BusdError
 from ..core.events import (
     Envelope,
@@ -36,15 +38,33 @@ from ..core.events import (
     SessionError,
     TokenUsage,
 )
-from ..core.permissions import PermissionBroker
 from ..core.toolmetrics import ToolTracker
-from ..plugins.adapters import Adapter, Translator
+from ..plugins.adapters import Adapter, Emitted, Translator
 from ..plugins.drivers import Driver, PermissionDecision, RunRequest
+from ..plugins.host import PluginHost
+from .broker import PermissionBroker
 
-if TYPE_CHECKING:
-    from .hub import Daemon
+__all__ = ["RunHost", "RunManager", "RunRejected", "RunState", "scoped_request_id"]
 
-__all__ = ["RunManager", "RunRejected", "RunState", "scoped_request_id"]
+
+class RunHost(PluginHost, Protocol):
+    """What a run may ask of the daemon: a plugin's view, plus adapters, accounting, a nursery.
+
+    A Protocol so that runs never import the hub that creates them.
+    """
+
+    @property
+    def adapters(self) -> Mapping[str, Adapter]: ...
+
+    @property
+    def accountant(self) -> Accountant: ...
+
+    @property
+    def nursery(self) -> trio.Nursery: ...
+
+    def publish_emitted(
+        self, emitted: Emitted, *, source: str, run_id: str | None = None
+    ) -> Envelope[Event] | None: ...
 
 
 def scoped_request_id(run_id: str, request_id: str) -> str:
@@ -141,7 +161,7 @@ class RunManager:
 
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: RunHost,
         drivers: dict[str, Driver],
         broker: PermissionBroker,
         *,

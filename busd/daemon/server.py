@@ -1,7 +1,7 @@
 """The Unix-socket server: accept, check the peer, serve; stop gracefully.
 
 :class:`Server` accepts on a listening socket and runs one
-:class:`~busd.connection.Connection` per client in its nursery. Peers are
+:class:`~busd.daemon.connection.Connection` per client in its nursery. Peers are
 checked with ``SO_PEERCRED`` before a byte is read: only the daemon's uid
 and root get in. :func:`serve` is what ``busd serve`` runs: it binds (or
 adopts a systemd socket), tells systemd when it is ready, and on SIGTERM or
@@ -21,10 +21,11 @@ from pathlib import Path
 
 import trio
 
-from ..wire.frames import FORBIDDEN, SHUTDOWN, TOO_MANY_CONNECTIONS, Error, encode_frame
+from ..wire import FORBIDDEN, SHUTDOWN, TOO_MANY_CONNECTIONS, Error, encode_frame
+from ..wire.address import peer_allowed, peer_credentials
 from . import systemd
 from .connection import Connection, close_gracefully
-from .endpoint import Endpoint, peer_allowed, peer_credentials
+from .endpoint import Endpoint
 from .hub import Daemon
 
 __all__ = ["Server", "serve"]

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -29,10 +28,7 @@ import trio
 
 from ..client import ConnectionLost, RequestFailed, connect
 from ..core.events import PermissionRequested
-from ..daemon.endpoint import Endpoint
-from ..daemon.hub import Daemon, DaemonConfig
-from ..daemon.server import Server
-from ..plugins.manager import PluginManager
+from .local import StartLocal
 from .watch import watch
 
 __all__ = ["BUNDLED", "DemoRun", "bundled_recordings", "run_demo"]
@@ -101,6 +97,7 @@ async def _approve_all(path: Path, *, task_status: trio.TaskStatus[None]) -> Non
 async def run_demo(
     echo: Echo,
     *,
+    start_local: StartLocal,
     speed: float = 1.0,
     plain: bool = False,
     auto_approve: bool = False,
@@ -108,45 +105,38 @@ async def run_demo(
     names: Sequence[str] = BUNDLED,
     socket_dir: Path | None = None,
 ) -> int:
-    """Serve, replay ``names`` and watch them; returns the exit status."""
-    plugins = PluginManager()
-    plugins.load_entry_points()
-    daemon = Daemon(DaemonConfig(), plugins=plugins)
+    """Serve (with ``start_local``), replay ``names`` and watch them; returns the exit status."""
     runs = bundled_recordings(names)
-    missing = sorted({run.adapter for run in runs} - set(daemon.adapters))
-    if missing:
-        echo(
-            f"busd demo: no adapter plugin for {', '.join(missing)}; install the built-in "
-            "adapters with `pip install -r requirements.txt` from a clone of busd\n"
-        )
-        return 1
-    with tempfile.TemporaryDirectory(prefix="busd-demo-", dir=socket_dir) as tmp:
-        path = Path(tmp) / "bus.sock"
-        with Endpoint.bind(path) as endpoint:
-            daemon.socket_path = str(path)
-            server = Server(daemon, endpoint.socket)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(server.run)
-                echo(_attach_help(path, runs=len(runs), keep=keep))
-                if auto_approve:
-                    await nursery.start(_auto_approve, path)
-                async with connect(path, client="busd-demo") as client:
-                    for run in runs:
-                        await client.start_run(
-                            run.adapter,
-                            run.prompt,
-                            session_id=f"demo-{run.name}",
-                            driver="replay",
-                            options={"recording": run.name, "speed": speed},
-                        )
-                code = await watch(path, plain=plain, exit_when_idle=True, name="busd-demo watch")
-                if keep and code == 0:
-                    echo(f"busd demo: still serving on {path}; Ctrl-C to stop\n")
-                    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                        async for _ in signals:
-                            break
-                await server.shutdown("demo over")
-                nursery.cancel_scope.cancel()
+    async with start_local(directory=socket_dir) as daemon:
+        missing = sorted({run.adapter for run in runs} - set(daemon.adapters))
+        if missing:
+            echo(
+                f"busd demo: no adapter plugin for {', '.join(missing)}; install the built-in "
+                "adapters with `pip install -r requirements.txt` from a clone of busd\n"
+            )
+            return 1
+        path = daemon.path
+        async with trio.open_nursery() as nursery:
+            echo(_attach_help(path, runs=len(runs), keep=keep))
+            if auto_approve:
+                await nursery.start(_auto_approve, path)
+            async with connect(path, client="busd-demo") as client:
+                for run in runs:
+                    await client.start_run(
+                        run.adapter,
+                        run.prompt,
+                        session_id=f"demo-{run.name}",
+                        driver="replay",
+                        options={"recording": run.name, "speed": speed},
+                    )
+            code = await watch(path, plain=plain, exit_when_idle=True, name="busd-demo watch")
+            if keep and code == 0:
+                echo(f"busd demo: still serving on {path}; Ctrl-C to stop\n")
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        break
+            await daemon.shutdown("demo over")
+            nursery.cancel_scope.cancel()
     return code
 
 

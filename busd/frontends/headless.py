@@ -21,12 +21,9 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
-import shutil
 import signal
-import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
+from contextlib import AsyncExitStack
 from typing import Any, Final
 
 import msgspec
@@ -52,11 +49,9 @@ from ..core.events import (
     ToolComplete,
     ToolStart,
 )
-from ..daemon.endpoint import Endpoint, EndpointError, resolve_socket_path
-from ..daemon.hub import Daemon, DaemonConfig
-from ..daemon.server import Server
-from ..plugins.manager import PluginManager
+from ..wire.address import EndpointError, resolve_socket_path
 from .humanize import format_duration, format_tokens, summary_line
+from .local import StartLocal
 
 __all__ = [
     "CLIENT_NAME",
@@ -71,7 +66,6 @@ __all__ = [
     "ToolRules",
     "Verdict",
     "exit_code",
-    "in_process_daemon",
     "parse_option",
     "reply_for",
     "run_headless",
@@ -354,42 +348,16 @@ class HeadlessRun(msgspec.Struct, frozen=True, kw_only=True):
     socket_path: str | None = None
 
 
-@asynccontextmanager
-async def in_process_daemon(config: DaemonConfig | None = None) -> AsyncIterator[Path]:
-    """A daemon with the entry-point plugins, served on a private socket, for this block only.
-
-    The socket lives in a fresh ``tempfile.mkdtemp()`` directory, removed
-    (socket, lock and all) on the way out.
-    """
-    directory = Path(tempfile.mkdtemp(prefix="busd-run-"))
-    raised: BaseException | None = None
-    try:
-        path = directory / "bus.sock"
-        plugins = PluginManager()
-        plugins.load_entry_points()
-        daemon = Daemon(config, plugins=plugins, socket_path=str(path))
-        with Endpoint.bind(path) as endpoint:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(Server(daemon, endpoint.socket).run)
-                try:
-                    yield path
-                except BaseException as exc:
-                    if isinstance(exc, trio.Cancelled):
-                        raise
-                    raised = exc  # re-raised below, not wrapped in the nursery's group
-                finally:
-                    nursery.cancel_scope.cancel()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    if raised is not None:
-        raise raised
-
-
 Write = Callable[[str], None]
 
 
-async def run_headless(spec: HeadlessRun, *, out: Write, err: Write, pretty: bool) -> int:
+async def run_headless(
+    spec: HeadlessRun, *, out: Write, err: Write, pretty: bool, start_local: StartLocal
+) -> int:
     """Run ``spec`` to its end and return the exit code (see the ``EXIT_*`` constants).
+
+    When no daemon listens at the socket, ``start_local`` serves one for the
+    run (the CLI passes :func:`busd.daemon.embedded.serve_private`).
 
     ``out`` gets the transcript; ``err`` gets notes (with JSON output also
     the permission decisions and the summary, so a CI log stays readable
@@ -415,15 +383,13 @@ async def run_headless(spec: HeadlessRun, *, out: Write, err: Write, pretty: boo
                 except DaemonNotRunning:
                     client = None
             if client is None:
-                watchdog = spec.watchdog
-                config = DaemonConfig() if watchdog is None else DaemonConfig(watchdog=watchdog)
                 try:
-                    private = await stack.enter_async_context(in_process_daemon(config))
+                    private = await stack.enter_async_context(start_local(watchdog=spec.watchdog))
                 except EndpointError as exc:
                     err(f"busd: cannot start an in-process daemon: {exc}\n")
                     return EXIT_AGENT_ERROR
                 client = await stack.enter_async_context(
-                    connect(private, client=CLIENT_NAME, role="responder")
+                    connect(private.path, client=CLIENT_NAME, role="responder")
                 )
             elif spec.watchdog is not None:
                 err(f"busd: --watchdog ignored: the daemon at {path} keeps its own\n")

@@ -1,6 +1,6 @@
 """What ``busd watch`` draws, from :mod:`busd.view`: rich renderables and plain log lines.
 
-Sans-I/O: everything here takes folded :class:`~busd.view.Views` and a clock
+Sans-I/O: everything here takes folded :class:`~busd.frontends.view.Views` and a clock
 reading (``now``, seconds since the epoch) and returns something to draw, so
 the screen is tested without a terminal. The numbers come from the view
 (status, summary and context lines, timers, durations); this module only

@@ -2,7 +2,7 @@
 
 It subscribes to everything the daemon still holds (``since_seq=0``), so a
 frontend attached late shows the runs already under way, folds each batch
-into :class:`~busd.view.Views` and draws them: a rich ``Live`` screen
+into :class:`~busd.frontends.view.Views` and draws them: a rich ``Live`` screen
 refreshed by a Trio task (no rich thread), or log lines (``--plain``, and
 whenever stdout is not a terminal).
 

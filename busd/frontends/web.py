@@ -1,6 +1,6 @@
 """``busd web``: the daemon's sessions in a browser, over Server-Sent Events.
 
-One daemon connection folds every event into :class:`~busd.view.Views`, the
+One daemon connection folds every event into :class:`~busd.frontends.view.Views`, the
 model ``busd watch`` renders too, and each browser receives JSON snapshots of
 the sessions that changed: the page draws them and does no arithmetic of its
 own, so the browser and the terminal cannot disagree. Permission answers and

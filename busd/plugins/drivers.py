@@ -19,11 +19,12 @@ docstring.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from ..core.events import Event, PermissionRequested
+from ..core.permissions import PermissionDecision as PermissionDecision
 
 __all__ = ["Driver", "PermissionDecision", "RunContext", "RunRequest"]
 
@@ -44,21 +45,6 @@ class RunRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     max_turns: int | None = None
     options: dict[str, Any] = {}
     """Passed through to the SDK as they are (driver-specific keys)."""
-
-
-class PermissionDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The answer to a permission request, for the driver to give its SDK."""
-
-    outcome: Literal["allowed", "denied", "cancelled"]
-    option_id: str | None = None
-    """The offered option that was chosen (``allow_once``, ``reject``, ...), if any."""
-    by: str | None = None
-    """Who decided: a client name, ``policy:<plugin>``, ``rule:<n>``, or ``timeout``."""
-    reason: str | None = None
-
-    @property
-    def allowed(self) -> bool:
-        return self.outcome == "allowed"
 
 
 @runtime_checkable

@@ -15,16 +15,14 @@ keeps the two in step.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import pluggy
 
 from ..core.events import Envelope, Event, PermissionRequested
 from .adapters import Adapter
 from .drivers import Driver
-
-if TYPE_CHECKING:
-    from ..daemon.hub import Daemon
+from .host import PluginHost
 
 __all__ = [
     "PROJECT",
@@ -138,24 +136,25 @@ def busd_permission_policy(
 
 
 @hookspec
-def busd_services(daemon: Daemon) -> Sequence[Service]:
+def busd_services(daemon: PluginHost) -> Sequence[Service]:
     """Long-running services to run inside the daemon (bridges, exporters).
 
     Each is an async callable started in the daemon's nursery under a guard:
     if it raises it is restarted with exponential backoff, and after
     repeated failures it is disabled and a ``busd.internal.error`` event
     says so. Cancellation at shutdown is how it is told to stop. Options
-    that cannot be used: raise :class:`busd.errors.PluginConfigError` from
+    that cannot be used: raise :class:`busd.core.errors.PluginConfigError` from
     the hook itself, and the daemon refuses to start.
 
-    :param daemon: the daemon (its bus, correlator, sessions and publish()).
+    :param daemon: the daemon as a :class:`~busd.plugins.host.PluginHost` (its config, catalog,
+        bus, correlator, sessions and publish()).
     :return: the services.
     """
     raise NotImplementedError
 
 
 @hookspec
-def busd_startup(daemon: Daemon) -> None:
+def busd_startup(daemon: PluginHost) -> None:
     """The daemon is about to accept clients.
 
     :param daemon: the daemon.
@@ -164,7 +163,7 @@ def busd_startup(daemon: Daemon) -> None:
 
 
 @hookspec
-def busd_shutdown(daemon: Daemon) -> None:
+def busd_shutdown(daemon: PluginHost) -> None:
     """The daemon has said goodbye to its clients and is stopping.
 
     :param daemon: the daemon.

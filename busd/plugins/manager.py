@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import msgspec
 import pluggy
@@ -36,9 +36,7 @@ from ..core.events import Envelope, Event, PermissionRequested
 from . import hookspecs
 from .adapters import Adapter
 from .drivers import Driver
-
-if TYPE_CHECKING:
-    from ..daemon.hub import Daemon
+from .host import PluginHost
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -236,18 +234,18 @@ class PluginManager:
                 )
         return None
 
-    def services(self, daemon: Daemon) -> list[tuple[str, hookspecs.Service]]:
+    def services(self, daemon: PluginHost) -> list[tuple[str, hookspecs.Service]]:
         return [
             (plugin, service)
             for plugin, result in self._call("busd_services", daemon=daemon)
             for service in result or ()
         ]
 
-    def startup(self, daemon: Daemon) -> None:
+    def startup(self, daemon: PluginHost) -> None:
         for _ in self._call("busd_startup", daemon=daemon):
             pass
 
-    def shutdown(self, daemon: Daemon) -> None:
+    def shutdown(self, daemon: PluginHost) -> None:
         for _ in self._call("busd_shutdown", daemon=daemon):
             pass
 

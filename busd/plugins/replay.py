@@ -13,7 +13,7 @@ When a fed event is a permission request, the driver asks for it like any
 driver and waits; the recording's clock stops meanwhile. A recording cannot
 change course, so an answer other than "allowed" ends the replay there.
 
-The driver is a built-in plugin (:data:`busd.plugins.BUILTIN_PLUGINS`): every
+The driver is a built-in plugin (:data:`busd.plugins.manager.BUILTIN_PLUGINS`): every
 daemon has it, whatever plugins are installed. Parsing is pure
 (:func:`parse_recording`); only :meth:`ReplayDriver.run` touches files and clocks.
 """

@@ -28,7 +28,7 @@ from busd.core.events import Envelope, Event, TextDelta
 from busd.daemon.batching import BatchDispatcher
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
 from busd.plugins.manager import PluginManager
-from busd.wire.frames import (
+from busd.wire import (
     ClientFrame,
     Encoder,
     Events,

@@ -42,7 +42,7 @@ re-raises ``Cancelled`` once the thread is done. Before the prompt is
 sent, cancellation just ends the conversation. The agent's stderr is
 drained (a chatty agent never blocks on it); its end goes into errors.
 
-What a :class:`~busd.drivers.RunRequest` means here:
+What a :class:`~busd.RunRequest` means here:
 
 - ``model``: no default (``default_model`` is ``""``): the agent uses its
   own. A model is set only if the agent offers a session config option of
@@ -91,10 +91,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, NamedTuple, cast
 import msgspec
 import trio
 
-from busd import __version__
-from busd.core.errors import BusdError
-from busd.core.events import PermissionOption, PermissionRequested
-from busd.plugins.drivers import PermissionDecision, RunContext, RunRequest
+from busd import (
+    BusdError,
+    PermissionDecision,
+    PermissionOption,
+    PermissionRequested,
+    RunContext,
+    RunRequest,
+    __version__,
+)
 
 from .translator import AcpTranslator
 

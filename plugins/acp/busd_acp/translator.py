@@ -58,7 +58,8 @@ from typing import Any, Final, Literal, TypeGuard
 
 import msgspec
 
-from busd.core.events import (
+from busd import (
+    Emitted,
     PermissionOption,
     PermissionRequested,
     PermissionResolved,
@@ -76,12 +77,14 @@ from busd.core.events import (
     ToolComplete,
     ToolPartialResult,
     ToolStart,
+    Translator,
     TurnEnd,
     TurnStart,
     Usage,
+    UsageLedger,
+    as_mapping,
+    normalize_usage,
 )
-from busd.core.usage import UsageLedger, normalize_usage
-from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 __all__ = ["AcpTranslator"]
 

@@ -19,11 +19,13 @@ from busd_acp import AcpAdapter, AcpTranslator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.core.events import (
+from busd import (
+    Emitted,
     Event,
     PermissionOption,
     PermissionRequested,
     PermissionResolved,
+    PluginManager,
     SessionContext,
     SessionError,
     SessionIdle,
@@ -43,8 +45,6 @@ from busd.core.events import (
     Usage,
     event_type,
 )
-from busd.plugins.adapters import Emitted
-from busd.plugins.manager import PluginManager
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk" / "acp.jsonl"
 SESSION = "sess_abc123def456"

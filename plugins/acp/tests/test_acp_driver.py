@@ -18,10 +18,15 @@ import pytest
 import trio
 from busd_acp import AcpAdapter, AcpAgentError, AcpDriver, AcpOptionsError, busd_drivers
 
-from busd.core.events import (
+from busd import (
+    Driver,
+    Emitted,
     Event,
+    PermissionDecision,
     PermissionRequested,
     PermissionResolved,
+    RunContext,
+    RunRequest,
     SessionContext,
     SessionIdle,
     SessionStart,
@@ -29,8 +34,6 @@ from busd.core.events import (
     ToolComplete,
     TurnEnd,
 )
-from busd.plugins.adapters import Emitted
-from busd.plugins.drivers import Driver, PermissionDecision, RunContext, RunRequest
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk" / "acp.jsonl"
 FAKE = Path(__file__).resolve().parent / "fake_acp_agent.py"

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from busd.plugins.adapters import Adapter
-from busd.plugins.drivers import Driver
-from busd.plugins.hookspecs import hookimpl
+from busd import Adapter, Driver, hookimpl
 
 from .driver import AnthropicDriver as AnthropicDriver
 from .stream import MessageStream as MessageStream

@@ -6,7 +6,7 @@ under Trio directly: no thread, no second event loop. Every raw stream event the
 (``RawMessageStreamEvent`` objects) goes to :meth:`RunContext.feed` as it
 is; the ``anthropic`` adapter translates them.
 
-What a :class:`~busd.drivers.RunRequest` means here:
+What a :class:`~busd.RunRequest` means here:
 
 - ``model``: defaults to :data:`DEFAULT_MODEL` (``claude-sonnet-4-6``; the SDK
   warns that ``claude-sonnet-4-5`` is deprecated).
@@ -44,8 +44,7 @@ from typing import Any, Final
 
 import trio
 
-from busd.core.errors import BusdError
-from busd.plugins.drivers import RunContext, RunRequest
+from busd import BusdError, RunContext, RunRequest
 
 __all__ = [
     "CLIENT_OPTIONS",

@@ -15,7 +15,7 @@ by the ``now`` values the caller passes.
 Usage: ``message_start`` and ``message_delta`` carry the call's counts so far
 (``message_delta`` is cumulative: 30 means 30, never 1 + 30), so both are
 recorded as cumulative snapshots of that call in a
-:class:`~busd.usage.UsageLedger`, whose session total is the running total
+:class:`~busd.UsageLedger`, whose session total is the running total
 the ``stream.usage`` events carry. An owner with an authoritative figure of
 its own (Claude Code's ``result``) raises a floor under that total with
 :meth:`MessageStream.raise_floor`.
@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
-from busd.core.events import (
+from busd import (
     Event,
     SessionError,
     TextComplete,
@@ -43,8 +43,10 @@ from busd.core.events import (
     TurnEnd,
     TurnStart,
     Usage,
+    UsageLedger,
+    merge_cumulative,
+    normalize_usage,
 )
-from busd.core.usage import UsageLedger, merge_cumulative, normalize_usage
 
 __all__ = [
     "RETRYABLE_ERRORS",
@@ -77,7 +79,7 @@ _IGNORED: Final = 5
 
 
 class Reporter(Protocol):
-    """Where a stream reports input it cannot use (a :class:`busd.adapters.Translator`)."""
+    """Where a stream reports input it cannot use (a :class:`busd.Translator`)."""
 
     def unknown(self, kind: str) -> None: ...
 

@@ -9,7 +9,7 @@ carries the running total over all of them.
 
 The Messages API has no session of its own: ``stream.session.start`` comes
 with the first ``message_start`` and ``stream.session.idle`` only from
-:meth:`~busd.adapters.Translator.finish` (the API never says the agent is
+:meth:`~busd.Translator.finish` (the API never says the agent is
 done), with ``aborted=True`` when the last call was cut short. After an
 ``error`` event nothing says idle: ``stream.session.error`` is the last
 word, until the next ``message_start`` shows work again.
@@ -17,8 +17,7 @@ word, until the next ``message_start`` shows work again.
 
 from __future__ import annotations
 
-from busd.core.events import Event, SessionIdle, SessionStart
-from busd.plugins.adapters import Emitted, Translator, as_mapping
+from busd import Emitted, Event, SessionIdle, SessionStart, Translator, as_mapping
 
 from .stream import MessageStream
 

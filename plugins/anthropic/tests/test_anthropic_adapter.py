@@ -13,7 +13,9 @@ from busd_anthropic import AnthropicAdapter, AnthropicTranslator, busd_adapters
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.core.events import (
+from busd import (
+    Adapter,
+    Emitted,
     Event,
     SessionError,
     SessionIdle,
@@ -24,11 +26,11 @@ from busd.core.events import (
     ThinkingDelta,
     TokenUsage,
     ToolStart,
+    Translator,
     TurnEnd,
     TurnStart,
     Usage,
 )
-from busd.plugins.adapters import Adapter, Emitted, Translator
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk"
 

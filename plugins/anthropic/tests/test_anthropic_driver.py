@@ -14,17 +14,20 @@ from busd_anthropic import AnthropicAdapter, AnthropicDriver, busd_drivers
 from busd_anthropic.driver import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, StreamIncomplete
 from fake_anthropic import FakeMessagesAPI
 
-from busd.core.events import (
+from busd import (
+    Driver,
+    Emitted,
     Event,
+    PermissionDecision,
     PermissionRequested,
+    RunContext,
+    RunRequest,
     SessionError,
     SessionIdle,
     TextComplete,
     ToolStart,
     Usage,
 )
-from busd.plugins.adapters import Emitted
-from busd.plugins.drivers import Driver, PermissionDecision, RunContext, RunRequest
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk"
 PROMPT = "What's the weather in San Francisco?"

@@ -59,9 +59,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import trio
 
-from busd.core.errors import BusdError
-from busd.core.events import PermissionRequested
-from busd.plugins.drivers import PermissionDecision, RunContext, RunRequest
+from busd import BusdError, PermissionDecision, PermissionRequested, RunContext, RunRequest
 
 from .permissions import ALLOW_ALWAYS, category, permission_options
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
-from busd.core.events import PermissionOption
+from busd import PermissionOption
 
 __all__ = [
     "ALLOW",

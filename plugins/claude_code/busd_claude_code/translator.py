@@ -11,7 +11,7 @@ Decisions a consumer should know:
 
 - **Usage.** While streaming, ``stream.usage`` comes from the
   ``message_delta`` (and ``message_start``) events: cumulative within one
-  model call, summed over calls by a :class:`~busd.usage.UsageLedger`. The
+  model call, summed over calls by a :class:`~busd.UsageLedger`. The
   ``assistant`` snapshots carry a stale copy of the ``message_start`` usage
   and are never reported. The ``result`` line's ``usage`` and
   ``total_cost_usd`` are authoritative and take over as a floor under the
@@ -39,7 +39,7 @@ Decisions a consumer should know:
   on the agent's own terms: a ``stream.session.error`` and a plain idle. An
   interrupt is not an error unless Claude Code lists ``errors``.
 - **End of the stream.** Without a final ``result`` the CLI stopped
-  mid-turn: :meth:`~busd.adapters.Translator.finish` settles what is open,
+  mid-turn: :meth:`~busd.Translator.finish` settles what is open,
   cancels running tools and pending permissions, and says idle, aborted.
 """
 
@@ -51,9 +51,10 @@ from typing import Any, Final, Literal
 
 from busd_anthropic.stream import MessageStream, result_text
 
-from busd.core.events import (
+from busd import (
     AgentComplete,
     AgentStart,
+    Emitted,
     Event,
     PermissionRequested,
     PermissionResolved,
@@ -64,9 +65,11 @@ from busd.core.events import (
     SessionStart,
     ToolComplete,
     ToolStart,
+    Translator,
+    UsageLedger,
+    as_mapping,
+    normalize_usage,
 )
-from busd.core.usage import UsageLedger, normalize_usage
-from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 from .permissions import category, permission_options, resolution
 

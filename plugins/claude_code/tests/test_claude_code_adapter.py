@@ -14,9 +14,11 @@ from busd_claude_code import ClaudeCodeTranslator, busd_adapters, control_respon
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.core.events import (
+from busd import (
+    Adapter,
     AgentComplete,
     AgentStart,
+    Emitted,
     Event,
     PermissionOption,
     PermissionRequested,
@@ -30,11 +32,11 @@ from busd.core.events import (
     ThinkingDelta,
     ToolComplete,
     ToolStart,
+    Translator,
     TurnEnd,
     TurnStart,
     Usage,
 )
-from busd.plugins.adapters import Adapter, Emitted, Translator
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk"
 SESSION = "febcaa44-9f0f-4ae7-ad70-748009748653"

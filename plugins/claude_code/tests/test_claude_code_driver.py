@@ -22,17 +22,19 @@ import trio.testing
 from busd_claude_code import ClaudeCodeDriver, ClaudeCodeError, ClaudeCodeTranslator, busd_drivers
 from busd_claude_code.driver import DEFAULT_MODEL, InvalidDriverOptions, _Run, agent_options
 
-from busd.core.events import (
+from busd import (
+    Driver,
     Event,
+    PermissionDecision,
     PermissionOption,
     PermissionRequested,
+    RunRequest,
     SessionError,
     SessionIdle,
     ToolComplete,
     ToolStart,
     Usage,
 )
-from busd.plugins.drivers import Driver, PermissionDecision, RunRequest
 
 pytest.importorskip("claude_agent_sdk")
 

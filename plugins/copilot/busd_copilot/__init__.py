@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from busd.plugins.adapters import Adapter
-from busd.plugins.drivers import Driver
-from busd.plugins.hookspecs import hookimpl
+from busd import Adapter, Driver, hookimpl
 
 from .driver import CopilotDriver as CopilotDriver
 from .driver import CopilotRunError as CopilotRunError

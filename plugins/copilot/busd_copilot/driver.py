@@ -62,9 +62,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from busd.core.errors import BusdError
-from busd.core.events import PermissionRequested
-from busd.plugins.drivers import PermissionDecision, RunContext, RunRequest
+from busd import BusdError, PermissionDecision, PermissionRequested, RunContext, RunRequest
 
 from .translator import CopilotTranslator
 

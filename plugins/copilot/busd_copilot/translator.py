@@ -6,7 +6,7 @@ JSON ``{"type", "data", "id", "timestamp", "parentId", "agentId"?,
 through their own ``to_dict()`` (the exact wire form): ``dataclasses.asdict``
 would drop the ``kind`` discriminators the SDK keeps as class variables, and
 with them whether a permission was approved. Other objects go through
-:func:`busd.adapters.as_mapping`, and every field is also looked up in
+:func:`busd.as_mapping`, and every field is also looked up in
 snake_case for them.
 
 Copilot's shapes, and what they become:
@@ -52,9 +52,10 @@ from enum import Enum
 from typing import Any, Final, Literal
 from uuid import UUID
 
-from busd.core.events import (
+from busd import (
     AgentComplete,
     AgentStart,
+    Emitted,
     Event,
     PermissionOption,
     PermissionRequested,
@@ -76,12 +77,14 @@ from busd.core.events import (
     ToolComplete,
     ToolPartialResult,
     ToolStart,
+    Translator,
     TurnEnd,
     TurnStart,
     Usage,
+    UsageLedger,
+    as_mapping,
+    normalize_usage,
 )
-from busd.core.usage import UsageLedger, normalize_usage
-from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 __all__ = ["CopilotAdapter", "CopilotTranslator"]
 

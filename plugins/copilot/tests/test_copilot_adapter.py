@@ -20,9 +20,11 @@ from busd_copilot import CopilotAdapter, CopilotTranslator, busd_adapters
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from busd.core.events import (
+from busd import (
+    Adapter,
     AgentComplete,
     AgentStart,
+    Emitted,
     Event,
     PermissionOption,
     PermissionRequested,
@@ -44,7 +46,6 @@ from busd.core.events import (
     Usage,
     event_type,
 )
-from busd.plugins.adapters import Adapter, Emitted
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk" / "copilot.jsonl"
 SESSION = "4db6a695-04ee-466f-b26b-74dae52ad74c"

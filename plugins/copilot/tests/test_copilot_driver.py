@@ -27,17 +27,19 @@ from busd_copilot import (
     busd_drivers,
 )
 
-from busd.core.events import (
+from busd import (
+    Driver,
     Event,
+    PermissionDecision,
     PermissionRequested,
     PermissionResolved,
+    RunRequest,
     SessionContext,
     SessionIdle,
     TextDelta,
     ToolComplete,
     Usage,
 )
-from busd.plugins.drivers import Driver, PermissionDecision, RunRequest
 
 pytest.importorskip("copilot")
 

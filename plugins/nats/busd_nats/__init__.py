@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from busd.plugins.hookspecs import Service, hookimpl
+from busd import Service, hookimpl
 
 from .bridge import AsyncioThread, Bridge, BridgeStatistics
 from .ingest import LOCAL_ONLY, IngestStatistics
@@ -23,7 +23,7 @@ from .options import BridgeOptions, NatsOptionsError, check_keys, default_name, 
 from .subjects import IngestFilter, consumer_name, escape_token, subject_for
 
 if TYPE_CHECKING:
-    from busd.daemon.hub import Daemon
+    from busd import PluginHost
 
 __all__ = [
     "LOCAL_ONLY",
@@ -46,16 +46,16 @@ __all__ = [
 
 logger = logging.getLogger("busd.nats")
 
-_BRIDGES: weakref.WeakKeyDictionary[Daemon, Bridge] = weakref.WeakKeyDictionary()
+_BRIDGES: weakref.WeakKeyDictionary[PluginHost, Bridge] = weakref.WeakKeyDictionary()
 
 
-def bridge_of(daemon: Daemon) -> Bridge | None:
+def bridge_of(daemon: PluginHost) -> Bridge | None:
     """The bridge this plugin made for ``daemon`` (for its statistics), if it is on."""
     return _BRIDGES.get(daemon)
 
 
 @hookimpl
-def busd_services(daemon: Daemon) -> Sequence[Service]:
+def busd_services(daemon: PluginHost) -> Sequence[Service]:
     """The bridge, when the options name a server; bad options raise :class:`NatsOptionsError`.
 
     busd reports a hook that raises as a ``busd.internal.error`` (and in the
@@ -73,7 +73,7 @@ def busd_services(daemon: Daemon) -> Sequence[Service]:
 
 
 @hookimpl
-def busd_shutdown(daemon: Daemon) -> None:
+def busd_shutdown(daemon: PluginHost) -> None:
     """The daemon is stopping: its bridge takes no more events."""
     bridge = _BRIDGES.pop(daemon, None)
     if bridge is not None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgspec
 import trio
 
-from busd.core.events import Envelope, Event, InternalError, event_type
+from busd import Envelope, Event, InternalError, event_type
 
 from .ingest import LOCAL_ONLY, Incoming, Ingestor, IngestStatistics
 from .nats_side import NamedLog, NatsBridgeError, NatsWorker, ToTrio
@@ -51,7 +51,7 @@ from .outbox import Outbox, Outgoing
 from .subjects import IngestFilter, subject_for
 
 if TYPE_CHECKING:
-    from busd.daemon.hub import Daemon
+    from busd import PluginHost
 
 __all__ = ["AsyncioThread", "Bridge", "BridgeStatistics"]
 
@@ -130,7 +130,7 @@ class Bridge:
     """The ``nats`` service of one daemon: export its events, ingest the others'."""
 
     def __init__(
-        self, daemon: Daemon, options: BridgeOptions, *, handoff: int = 4096, **worker: Any
+        self, daemon: PluginHost, options: BridgeOptions, *, handoff: int = 4096, **worker: Any
     ) -> None:
         self.daemon = daemon
         self.options = options

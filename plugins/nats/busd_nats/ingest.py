@@ -17,9 +17,7 @@ from typing import Any, Literal, NamedTuple, get_args
 
 import msgspec
 
-from busd.core.catalog import Catalog
-from busd.core.errors import BusdError
-from busd.core.events import Envelope, Event
+from busd import BusdError, Catalog, Envelope, Event
 
 from .subjects import IngestFilter, origin_of
 

@@ -15,8 +15,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from busd.core.errors import InvalidPattern, PluginConfigError
-from busd.core.patterns import Pattern
+from busd import InvalidPattern, Pattern, PluginConfigError
 
 __all__ = ["BridgeOptions", "NatsOptionsError", "check_keys", "default_name", "parse_options"]
 
@@ -28,7 +27,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 class NatsOptionsError(PluginConfigError):
     """An option of the nats plugin is unknown or has a bad value (the message says which).
 
-    A :class:`busd.errors.PluginConfigError`: ``busd serve`` exits 2 with it.
+    A :class:`busd.PluginConfigError`: ``busd serve`` exits 2 with it.
     """
 
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from busd.core.patterns import Pattern
+from busd import Pattern
 
 __all__ = [
     "PREFIX",

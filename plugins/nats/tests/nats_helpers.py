@@ -17,10 +17,7 @@ import nats
 import pytest
 import trio
 
-from busd.daemon.endpoint import Endpoint
-from busd.daemon.hub import Daemon, DaemonConfig
-from busd.daemon.server import Server
-from busd.plugins.manager import PluginManager
+from busd import Daemon, DaemonConfig, Endpoint, PluginManager, Server
 
 __all__ = [
     "INSTALL_HINT",

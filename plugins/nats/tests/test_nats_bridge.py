@@ -29,10 +29,16 @@ from nats_helpers import (
 )
 
 import busd
-from busd.core.errors import PluginConfigError
-from busd.core.events import Envelope, Event, InternalError, SessionInfo
-from busd.daemon.hub import Daemon, DaemonConfig
-from busd.plugins.manager import PluginManager
+from busd import (
+    Daemon,
+    DaemonConfig,
+    Envelope,
+    Event,
+    InternalError,
+    PluginConfigError,
+    PluginManager,
+    SessionInfo,
+)
 
 SESSIONS = ("s1", "s2", "s3")
 

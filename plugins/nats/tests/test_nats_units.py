@@ -25,7 +25,7 @@ from busd_nats.ingest import Incoming, Ingestor
 from busd_nats.outbox import Lanes, Outbox, Outgoing
 from busd_nats.subjects import origin_of
 
-from busd.core.catalog import Catalog
+from busd import Catalog
 from busd.core.events import BUILTIN_EVENTS, Envelope, Event, SessionInfo, StreamingStats, TextDelta
 
 # -- subjects ---------------------------------------------------------------------------

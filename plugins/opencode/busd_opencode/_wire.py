@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
-from busd.core.events import PermissionOption
+from busd import PermissionOption
 
 EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 

@@ -65,9 +65,14 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import trio
 
-from busd.core.errors import BusdError
-from busd.core.events import PermissionRequested, PermissionResolved
-from busd.plugins.drivers import PermissionDecision, RunContext, RunRequest
+from busd import (
+    BusdError,
+    PermissionDecision,
+    PermissionRequested,
+    PermissionResolved,
+    RunContext,
+    RunRequest,
+)
 
 from ._wire import field, ident, mapping, session_of
 from .translator import OpenCodeTranslator

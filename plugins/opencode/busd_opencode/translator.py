@@ -11,7 +11,7 @@ carries increments. Text and reasoning deltas look the same
 One assistant message is one model call, hence one turn (``turn_id`` = the
 message id). Its ``tokens`` and ``cost`` are cumulative within the message
 and restart at the next one, which is exactly what
-:class:`busd.usage.UsageLedger` with ``cumulative=True`` adds up.
+:class:`busd.UsageLedger` with ``cumulative=True`` adds up.
 
 Sessions keep OpenCode's own ids. A child session (a ``task`` tool's
 sub-agent) is also a sub-agent: its events carry ``agent_id`` = its session
@@ -30,9 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
-from busd.core.events import (
+from busd import (
     AgentComplete,
     AgentStart,
+    Emitted,
     Event,
     PermissionRequested,
     PermissionResolved,
@@ -49,12 +50,14 @@ from busd.core.events import (
     ToolComplete,
     ToolPartialResult,
     ToolStart,
+    Translator,
     TurnEnd,
     TurnStart,
     Usage,
+    UsageLedger,
+    as_mapping,
+    normalize_usage,
 )
-from busd.core.usage import UsageLedger, normalize_usage
-from busd.plugins.adapters import Emitted, Translator, as_mapping
 
 from ._wire import (
     MESSAGE_ERRORS,

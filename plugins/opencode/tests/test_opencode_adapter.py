@@ -15,12 +15,14 @@ from busd_opencode import OpenCodeAdapter, OpenCodeTranslator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from busd.core.events import (
+from busd import (
     AgentComplete,
     AgentStart,
+    Emitted,
     Event,
     PermissionRequested,
     PermissionResolved,
+    PluginManager,
     SessionError,
     SessionIdle,
     SessionRetry,
@@ -38,8 +40,6 @@ from busd.core.events import (
     Usage,
     event_type,
 )
-from busd.plugins.adapters import Emitted
-from busd.plugins.manager import PluginManager
 
 E = TypeVar("E", bound=Event)
 

@@ -14,16 +14,19 @@ from busd_opencode.driver import OpenCodeRunError, UnsupportedOption, plan_run, 
 from fake_opencode import FIXTURE_SESSION, FakeOpenCode, Raw, fixture
 from opencode_ai import InternalServerError
 
-from busd.core.events import (
+from busd import (
+    Driver,
+    Emitted,
     Event,
+    PermissionDecision,
     PermissionRequested,
     PermissionResolved,
+    RunContext,
+    RunRequest,
     SessionIdle,
     ToolComplete,
     Usage,
 )
-from busd.plugins.adapters import Emitted
-from busd.plugins.drivers import Driver, PermissionDecision, RunContext, RunRequest
 
 E = TypeVar("E", bound=Event)
 Answer = Callable[[PermissionRequested], Awaitable[PermissionDecision]]

@@ -1,0 +1,138 @@
+"""``busd run``: one headless agent run, its outcome as the exit code."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ._common import run_client, socket_option
+
+
+@click.command("run")
+@socket_option
+@click.argument("prompt")
+@click.option("--adapter", required=True, help="The SDK's adapter (see `busd plugins`).")
+@click.option(
+    "--driver",
+    default=None,
+    help="The driver (default: the adapter's own; `replay` plays --option recording=...).",
+)
+@click.option("--model", default=None, help="The model (default: the driver's own).")
+@click.option(
+    "--json", "fmt", flag_value="json", help="JSON Lines of envelopes (default when piped)."
+)
+@click.option("--pretty", "fmt", flag_value="pretty", help="Readable text (default on a terminal).")
+@click.option(
+    "--allow",
+    "allow",
+    multiple=True,
+    metavar="PATTERN",
+    help="Allow tools whose name matches this glob (repeatable).",
+)
+@click.option(
+    "--deny",
+    "deny",
+    multiple=True,
+    metavar="PATTERN",
+    help="Deny tools whose name matches this glob; checked first (repeatable).",
+)
+@click.option("--session", default=None, help="Continue this busd session.")
+@click.option("--system-prompt", default=None, help="Replace the agent's system prompt.")
+@click.option(
+    "--cwd",
+    type=click.Path(file_okay=False, exists=True, resolve_path=True),
+    default=".",
+    show_default=True,
+    help="The agent's working directory.",
+)
+@click.option("--max-turns", type=click.IntRange(1), default=None, help="Stop after N turns.")
+@click.option(
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A driver option (value parsed as JSON when it is JSON); repeatable.",
+)
+@click.option(
+    "--watchdog",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="End the run after S seconds without an event (in-process daemon only).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="error",
+    show_default=True,
+    help="The in-process daemon's log (the run's own events already say why it failed).",
+)
+def run_command(
+    socket_path: Path | None,
+    prompt: str,
+    adapter: str,
+    driver: str | None,
+    model: str | None,
+    fmt: str | None,
+    allow: tuple[str, ...],
+    deny: tuple[str, ...],
+    session: str | None,
+    system_prompt: str | None,
+    cwd: str,
+    max_turns: int | None,
+    options: tuple[str, ...],
+    watchdog: float | None,
+    log_level: str,
+) -> None:
+    """Run PROMPT with an agent and exit with its outcome (`-`: read the prompt from stdin).
+
+    Uses the daemon at the socket, or starts one in-process for this run.
+    Permission requests are answered from --deny, then --allow; a tool no
+    rule matches is denied. Exit codes: 0 ok, 1 agent error, 2 usage error,
+    124 watchdog timeout, 130 cancelled (SIGINT/SIGTERM cancel the run).
+    """
+    from ..daemon.embedded import serve_private
+    from ..frontends.headless import HeadlessRun, ToolRules, parse_option, run_headless
+
+    logging.basicConfig(level=log_level.upper(), format="busd: %(name)s: %(message)s")
+    parsed: dict[str, Any] = {}
+    for text in options:
+        try:
+            key, value = parse_option(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--option") from None
+        parsed[key] = value
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    spec = HeadlessRun(
+        adapter=adapter,
+        prompt=prompt,
+        driver=driver,
+        model=model,
+        session_id=session,
+        system_prompt=system_prompt,
+        cwd=cwd,
+        max_turns=max_turns,
+        options=parsed,
+        rules=ToolRules(allow=allow, deny=deny),
+        watchdog=watchdog,
+        socket_path=None if socket_path is None else str(socket_path),
+    )
+    pretty = fmt == "pretty" or (fmt is None and sys.stdout.isatty())
+    out, err = sys.stdout, sys.stderr
+
+    def write(text: str) -> None:
+        out.write(text)
+        out.flush()
+
+    def note(text: str) -> None:
+        err.write(text)
+        err.flush()
+
+    run_client(
+        partial(run_headless, spec, out=write, err=note, pretty=pretty, start_local=serve_private)
+    )

@@ -1,0 +1,226 @@
+"""The permission broker: decides the requests of the runs busd drives, policy first.
+
+A driver's request is decided in a fixed, documented order:
+
+1. plugins (``busd_permission_policy``, first non-``None`` answer);
+2. the daemon's rules, first match wins (tool-name glob, category,
+   annotations, command pattern → ``allow`` / ``deny`` / ``ask``);
+3. the attached frontends: the first valid ``permission_reply`` wins, later
+   ones get ``already_resolved``;
+4. nobody answered within the timeout (default: wait for ever): denied.
+
+Every request is published as ``stream.permission.requested`` (once, even if
+the adapter already published it from the raw stream) and every decision as
+``stream.permission.resolved``, saying who decided.
+
+The rules and the decision type are pure (:mod:`busd.core.permissions`);
+the broker waits for people, so it lives in the daemon.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import trio
+
+from ..core.events import Envelope, Event, PermissionRequested, PermissionResolved
+from ..core.permissions import (
+    PermissionDecision,
+    PermissionRejected,
+    PermissionRule,
+    decision_for,
+    match_rule,
+)
+
+__all__ = ["PermissionBroker"]
+
+
+class _Pending:
+    __slots__ = ("decision", "done", "request", "run_id", "session_id")
+
+    def __init__(self, request: PermissionRequested, session_id: str, run_id: str) -> None:
+        self.request = request
+        self.session_id = session_id
+        self.run_id = run_id
+        self.done = trio.Event()
+        self.decision: PermissionDecision | None = None
+
+
+Publish = Callable[..., Envelope[Event]]
+Policy = Callable[[PermissionRequested, Envelope[Event]], str | None]
+
+
+class PermissionBroker:
+    """Decides the permission requests of driven runs and publishes every decision."""
+
+    def __init__(
+        self,
+        publish: Publish,
+        *,
+        policy: Policy | None = None,
+        rules: Sequence[PermissionRule] = (),
+        timeout: float | None = None,
+        remember: int = 4096,
+    ) -> None:
+        self._publish = publish
+        self._policy = policy
+        self.rules = list(rules)
+        self.timeout = timeout
+        self._pending: dict[str, _Pending] = {}
+        self._published: OrderedDict[str, None] = OrderedDict()  # request ids seen on the bus
+        self._resolved: OrderedDict[str, PermissionDecision] = OrderedDict()
+        self._remember = remember
+
+    # -- seen on the bus (the daemon calls this for every requested event) ------
+
+    def saw_request(self, request_id: str) -> None:
+        self._remember_id(self._published, request_id, None)
+
+    # -- the driver's side ----------------------------------------------------------
+
+    async def request(
+        self,
+        request: PermissionRequested,
+        *,
+        session_id: str,
+        run_id: str,
+        agent_id: str | None = None,
+    ) -> PermissionDecision:
+        """Decide ``request`` for a driven run: policy, rules, then people."""
+        request_id = request.request_id
+        if request_id in self._resolved:
+            return self._resolved[request_id]
+        envelope: Envelope[Event]
+        if request_id not in self._published:
+            envelope = self._publish(
+                request, session_id=session_id, run_id=run_id, agent_id=agent_id
+            )
+        else:
+            envelope = Envelope(0, 0.0, request, session_id, run_id, agent_id)
+        pending = _Pending(request, session_id, run_id)
+        self._pending[request_id] = pending
+        try:
+            decision = self._decide_by_policy(request, envelope)
+            if decision is not None:
+                self._resolve(pending, decision)
+            else:
+                with trio.move_on_after(self.timeout if self.timeout is not None else float("inf")):
+                    await pending.done.wait()
+                if pending.decision is None:
+                    self._resolve(
+                        pending,
+                        decision_for(
+                            request,
+                            allow=False,
+                            by="timeout",
+                            reason=f"nobody answered within {self.timeout}s",
+                        ),
+                    )
+        finally:
+            self._pending.pop(request_id, None)
+        assert pending.decision is not None
+        return pending.decision
+
+    def _decide_by_policy(
+        self, request: PermissionRequested, envelope: Envelope[Event]
+    ) -> PermissionDecision | None:
+        if self._policy is not None:
+            verdict = self._policy(request, envelope)
+            if verdict in ("allow", "deny"):
+                return decision_for(request, allow=verdict == "allow", by="policy")
+        found = match_rule(self.rules, request)
+        if found is not None:
+            index, rule = found
+            if rule.action != "ask":
+                return decision_for(request, allow=rule.action == "allow", by=f"rule:{index}")
+        return None
+
+    # -- the frontends' side ----------------------------------------------------------
+
+    def reply(
+        self,
+        request_id: str,
+        *,
+        by: str,
+        option_id: str | None = None,
+        allow: bool | None = None,
+        reason: str | None = None,
+    ) -> PermissionDecision:
+        """A frontend's answer; the first valid one wins."""
+        pending = self._pending.get(request_id)
+        if pending is None:
+            if request_id in self._resolved:
+                earlier = self._resolved[request_id]
+                raise PermissionRejected(
+                    "already_resolved",
+                    f"{request_id!r} was already {earlier.outcome} by {earlier.by}",
+                )
+            if request_id in self._published:
+                raise PermissionRejected(
+                    "unknown_request",
+                    f"{request_id!r} belongs to a stream busd observes; its SDK's host answers it",
+                )
+            raise PermissionRejected("unknown_request", f"no pending permission {request_id!r}")
+        request = pending.request
+        if option_id is not None:
+            chosen = next((o for o in request.options if o.id == option_id), None)
+            if chosen is None:
+                offered = ", ".join(o.id for o in request.options) or "none"
+                raise PermissionRejected(
+                    "invalid_option", f"{option_id!r} is not offered (offered: {offered})"
+                )
+            outcome: Literal["allowed", "denied"] = (
+                "allowed" if chosen.kind.startswith("allow") else "denied"
+            )
+            if chosen.kind == "other":
+                outcome = "allowed" if allow is not False else "denied"
+            decision = PermissionDecision(
+                outcome=outcome, option_id=option_id, by=by, reason=reason
+            )
+        elif allow is not None:
+            decision = decision_for(request, allow=allow, by=by, reason=reason)
+        else:
+            raise PermissionRejected("invalid_option", "give option_id or allow")
+        self._resolve(pending, decision)
+        return decision
+
+    def cancel_run(self, run_id: str, reason: str = "the run was cancelled") -> None:
+        """Resolve every pending request of ``run_id`` as cancelled."""
+        for pending in [p for p in self._pending.values() if p.run_id == run_id]:
+            self._resolve(
+                pending, PermissionDecision(outcome="cancelled", by="busd", reason=reason)
+            )
+
+    def is_resolved(self, request_id: str) -> bool:
+        return request_id in self._resolved
+
+    def pending(self) -> list[PermissionRequested]:
+        return [p.request for p in self._pending.values()]
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _resolve(self, pending: _Pending, decision: PermissionDecision) -> None:
+        if pending.decision is not None:
+            return
+        pending.decision = decision
+        self._remember_id(self._resolved, pending.request.request_id, decision)
+        self._publish(
+            PermissionResolved(
+                request_id=pending.request.request_id,
+                outcome=decision.outcome,
+                option_id=decision.option_id,
+                by=decision.by,
+                reason=decision.reason,
+            ),
+            session_id=pending.session_id,
+            run_id=pending.run_id,
+        )
+        pending.done.set()
+
+    def _remember_id(self, store: OrderedDict[str, Any], key: str, value: Any) -> None:
+        store[key] = value
+        store.move_to_end(key)
+        while len(store) > self._remember:
+            store.popitem(last=False)
