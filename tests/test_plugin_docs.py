@@ -1,4 +1,4 @@
-"""docs/plugins.md documents every hook exactly as busd/hookspecs.py declares it.
+"""docs/plugins.md documents every hook exactly as busd/plugins/hookspecs.py declares it.
 
 Each hook has a heading in the "Hook reference" section, and under it a
 ```python block with ``def name(signature):`` as :func:`inspect.signature`
@@ -61,7 +61,7 @@ def test_every_hook_is_documented_with_its_exact_signature(name: str) -> None:
         f"the ```python block under {name} must contain exactly:\n{signature}"
     )
     doc = inspect.getdoc(spec)
-    assert doc, f"{name} has no docstring in busd/hookspecs.py"
+    assert doc, f"{name} has no docstring in busd/plugins/hookspecs.py"
     first_line = doc.splitlines()[0]
     assert first_line in sections[name], f"{name}: say {first_line!r} in its section"
     firstresult = getattr(spec, f"{hookspecs.PROJECT}_spec")["firstresult"]
@@ -71,4 +71,4 @@ def test_every_hook_is_documented_with_its_exact_signature(name: str) -> None:
 
 def test_no_hook_is_documented_that_does_not_exist() -> None:
     extra = sorted(set(documented()) - set(specs()))
-    assert not extra, f"docs/plugins.md documents hooks busd/hookspecs.py does not have: {extra}"
+    assert not extra, f"docs/plugins.md documents hooks the hookspecs do not have: {extra}"

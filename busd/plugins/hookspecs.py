@@ -71,7 +71,7 @@ def busd_adapters() -> Sequence[Adapter]:
 
     An adapter has a ``name`` (what ``ingest`` frames and ``busd ingest
     --sdk`` select) and a ``translator(*, session_id=None)`` factory; see
-    ``busd.adapters``. When two plugins offer the same name, the one
+    :mod:`busd.plugins.adapters`. When two plugins offer the same name, the one
     registered first wins and the other is reported as a plugin failure.
 
     :return: the adapters.
@@ -84,7 +84,7 @@ def busd_drivers() -> Sequence[Driver]:
     """Drivers that run prompts with an SDK themselves (for ``start_run``).
 
     A driver's ``name`` pairs it with the adapter of the same name, which
-    translates the raw events it feeds; see ``busd.drivers``. When two
+    translates the raw events it feeds; see :mod:`busd.plugins.drivers`. When two
     plugins offer the same name, the one registered first wins.
 
     :return: the drivers.
@@ -157,7 +157,7 @@ def busd_services(daemon: PluginHost) -> Sequence[Service]:
 def busd_startup(daemon: PluginHost) -> None:
     """The daemon is about to accept clients.
 
-    :param daemon: the daemon.
+    :param daemon: the daemon as a :class:`~busd.plugins.host.PluginHost`.
     """
     raise NotImplementedError
 
@@ -166,6 +166,6 @@ def busd_startup(daemon: PluginHost) -> None:
 def busd_shutdown(daemon: PluginHost) -> None:
     """The daemon has said goodbye to its clients and is stopping.
 
-    :param daemon: the daemon.
+    :param daemon: the daemon as a :class:`~busd.plugins.host.PluginHost`.
     """
     raise NotImplementedError

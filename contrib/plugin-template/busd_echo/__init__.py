@@ -16,9 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from busd import hookimpl
-from busd.core.events import SessionIdle, SessionStart, TextComplete, TextDelta
-from busd.plugins.adapters import Adapter, Emitted, Translator, as_mapping
+# A plugin imports from `busd` only: the modules behind these names are internal.
+from busd import (
+    Adapter,
+    Emitted,
+    SessionIdle,
+    SessionStart,
+    TextComplete,
+    TextDelta,
+    Translator,
+    as_mapping,
+    hookimpl,
+)
 
 __all__ = ["EchoAdapter", "EchoTranslator", "busd_adapters"]
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from busd.core.events import SessionIdle, SessionStart, TextComplete, TextDelta
-from busd.plugins.adapters import Adapter
+from busd import Adapter, SessionIdle, SessionStart, TextComplete, TextDelta
 
 from busd_echo import MESSAGE_ID, busd_adapters
 
