@@ -1,17 +1,10 @@
-"""Permission requests of the runs busd drives: policy first, then people.
+"""Permission rules and decisions, pure: what the broker consults before it asks people.
 
-A driver's request is decided in a fixed, documented order:
-
-1. plugins (``busd_permission_policy``, first non-``None`` answer);
-2. the daemon's rules, first match wins (tool-name glob, category,
-   annotations, command pattern → ``allow`` / ``deny`` / ``ask``);
-3. the attached frontends: the first valid ``permission_reply`` wins, later
-   ones get ``already_resolved``;
-4. nobody answered within the timeout (default: wait for ever): denied.
-
-Every request is published as ``stream.permission.requested`` (once, even if
-the adapter already published it from the raw stream) and every decision as
-``stream.permission.resolved``, saying who decided.
+The order a request is decided in (plugin policy, then these rules, then
+the first frontend to answer, then the timeout) is the broker's
+(:mod:`busd.daemon.broker`); here are the rules (tool-name glob, category,
+annotations, command pattern → ``allow`` / ``deny`` / ``ask``, first match
+wins) and the :class:`PermissionDecision` a driver gets back.
 """
 
 from __future__ import annotations
