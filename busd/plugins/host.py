@@ -39,6 +39,11 @@ class PluginHost(Protocol):
     def config(self) -> HostConfig: ...
 
     @property
+    def socket_path(self) -> str | None:
+        """The socket it serves (``None`` for a daemon that serves none, as in tests)."""
+        ...
+
+    @property
     def catalog(self) -> Catalog:
         """Every event type the daemon accepts (built-ins and plugins')."""
         ...

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from busd import Service, hookimpl
 
 from .bridge import AsyncioThread, Bridge, BridgeStatistics
+from .errors import NameTaken, NatsBridgeError
 from .ingest import LOCAL_ONLY, IngestStatistics
 from .options import BridgeOptions, NatsOptionsError, check_keys, default_name, parse_options
 from .subjects import IngestFilter, consumer_name, escape_token, subject_for
@@ -33,6 +34,8 @@ __all__ = [
     "BridgeStatistics",
     "IngestFilter",
     "IngestStatistics",
+    "NameTaken",
+    "NatsBridgeError",
     "NatsOptionsError",
     "bridge_of",
     "busd_services",
@@ -58,8 +61,8 @@ def bridge_of(daemon: PluginHost) -> Bridge | None:
 def busd_services(daemon: PluginHost) -> Sequence[Service]:
     """The bridge, when the options name a server; bad options raise :class:`NatsOptionsError`.
 
-    busd reports a hook that raises as a ``busd.internal.error`` (and in the
-    log), and the daemon runs on without the bridge.
+    A :class:`busd.PluginConfigError`: the daemon refuses to start and says why
+    (``busd serve`` exits 2), rather than run without the bridge it was asked for.
     """
     raw = daemon.config.plugin_options.get("nats", {})
     if not raw.get("url"):
@@ -67,9 +70,15 @@ def busd_services(daemon: PluginHost) -> Sequence[Service]:
         if raw:
             logger.info("nats: options given but no url: the bridge is off")
         return []
-    bridge = Bridge(daemon, parse_options(raw))
+    socket_path = _socket_path(daemon)
+    bridge = Bridge(daemon, parse_options(raw, socket_path=socket_path), socket_path=socket_path)
     _BRIDGES[daemon] = bridge
     return [bridge.run]
+
+
+def _socket_path(daemon: PluginHost) -> str | None:
+    """The daemon's socket, for the default name and the claim on it (``None``: it has none)."""
+    return daemon.socket_path
 
 
 @hookimpl

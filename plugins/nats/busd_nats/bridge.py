@@ -44,8 +44,10 @@ import trio
 
 from busd import Envelope, Event, InternalError, event_type
 
+from .claim import Holder
+from .errors import NameTaken, NatsBridgeError
 from .ingest import LOCAL_ONLY, Incoming, Ingestor, IngestStatistics
-from .nats_side import NamedLog, NatsBridgeError, NatsWorker, ToTrio
+from .nats_side import NamedLog, NatsWorker, ToTrio
 from .options import BridgeOptions
 from .outbox import Outbox, Outgoing
 from .subjects import IngestFilter, subject_for
@@ -71,6 +73,9 @@ class BridgeStatistics(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int
     """Events on the asyncio side, not yet confirmed."""
     ingest: IngestStatistics
+    disabled: str | None = None
+    """Why the bridge turned itself off until the daemon restarts (another live daemon
+    holds its name), as its ``busd.internal.error`` said; None while it is on."""
 
 
 class AsyncioThread:
@@ -130,16 +135,26 @@ class Bridge:
     """The ``nats`` service of one daemon: export its events, ingest the others'."""
 
     def __init__(
-        self, daemon: PluginHost, options: BridgeOptions, *, handoff: int = 4096, **worker: Any
+        self,
+        daemon: PluginHost,
+        options: BridgeOptions,
+        *,
+        socket_path: str | None = None,
+        handoff: int = 4096,
+        **worker: Any,
     ) -> None:
+        """``socket_path``, the daemon's, says who holds the name (:mod:`busd_nats.claim`);
+        ``worker`` goes to :class:`~busd_nats.nats_side.NatsWorker`."""
         self.daemon = daemon
         self.options = options
+        self.holder = Holder.this_process(socket_path)
         self.wanted = IngestFilter(options.name, options.subjects)
         self.ingestor = Ingestor(daemon.publish, daemon.catalog, self.wanted, seen=options.seen)
         self.outbox = Outbox(options.buffer)
         self.ready = trio.Event()
         """Set once the stream and this daemon's consumer are in place (first run)."""
         self.connected = False
+        self.disabled: str | None = None
         self._handoff = handoff
         self._worker_options = worker
         self._handed: dict[str, Outgoing] = {}
@@ -169,6 +184,7 @@ class Bridge:
             self.wanted,
             self,
             trio_poster(trio.lowlevel.current_trio_token()),
+            holder=self.holder,
             **self._worker_options,
         )
         send, receive = trio.open_memory_channel[Delivery](1)
@@ -184,6 +200,8 @@ class Bridge:
                     nursery.start_soon(self._stop_when_cancelled, thread, worker)
             except BaseExceptionGroup as group:
                 _raise_single(group)
+        except NameTaken as exc:
+            self._disable(str(exc))  # and return: the guard does not restart it
         except Exception:
             self._take_back()
             raise
@@ -208,7 +226,19 @@ class Bridge:
             waiting=len(self.outbox),
             in_flight=len(self._handed),
             ingest=self.ingestor.statistics(),
+            disabled=self.disabled,
         )
+
+    def _disable(self, reason: str) -> None:
+        """Off until the daemon restarts: take no more events, drop those held, say so."""
+        self.close()
+        self._take_back()
+        unsent = len(self.outbox.take(len(self.outbox)))
+        self.outbox.take_dropped()  # said here, not again by the reporter
+        self.disabled = f"{reason}; the bridge is off until the daemon restarts"
+        if unsent:
+            self.disabled += f" ({unsent} event{'s' if unsent > 1 else ''} not sent)"
+        self._internal_error(self.disabled)
 
     # -- export: bus → outbox → asyncio ------------------------------------------------
 

@@ -32,7 +32,13 @@ threads. Our own events come back too (a JetStream 2.9 consumer takes one
 filter subject, and none says "all but mine"): they are acknowledged here
 and never cross. What is not acknowledged (the daemon stopped, the
 connection dropped) is delivered again, and the Trio side's memory of event
-ids drops the copies.
+ids drops the copies. A fetch may bring nothing at all, not even a timeout
+(nats-py returns an empty list when the server's 408 beats its own timer):
+nothing to acknowledge, it fetches again.
+
+**The name.** Nothing is sent or fetched before this daemon holds its name
+(:mod:`busd_nats.claim`), and after a reconnection the consumer waits until
+the claim is renewed.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
+from .claim import Holder, NameClaim
+from .errors import NatsBridgeError
 from .ingest import Incoming
 from .options import BridgeOptions
 from .outbox import Lanes, Outgoing
@@ -84,10 +92,6 @@ ACK_WAIT = 30.0
 """Seconds JetStream waits for our acknowledgement before it delivers again."""
 
 
-class NatsBridgeError(RuntimeError):
-    """The server is reachable but will not let the bridge work (the message says why)."""
-
-
 class TrioSide(Protocol):
     """What the asyncio side tells the Trio side; each runs in the Trio thread."""
 
@@ -119,8 +123,10 @@ class NatsWorker:
         side: TrioSide,
         to_trio: ToTrio,
         *,
+        holder: Holder,
         workers: int = 64,
         fetch_batch: int = 256,
+        fetch_wait: float = FETCH_WAIT,
         ack_timeout: float = 2.0,
         retry_max: float = 2.0,
         drain_timeout: float = 2.0,
@@ -131,6 +137,7 @@ class NatsWorker:
         self._to_trio = to_trio
         self._workers = workers
         self._fetch_batch = fetch_batch
+        self._fetch_wait = fetch_wait
         self._ack_timeout = ack_timeout
         self._retry_max = retry_max
         self._drain_timeout = drain_timeout
@@ -146,6 +153,14 @@ class NatsWorker:
         self._stream_lock = asyncio.Lock()
         self._trouble: str | None = None
         self._log = NamedLog(options.name)
+        self._claim = NameClaim(
+            options.stream,
+            options.name,
+            holder,
+            log=self._log,
+            on_trouble=self._note_trouble,
+            retry_max=retry_max,
+        )
 
     # -- the doors, called from the Trio thread via call_soon_threadsafe -----------
 
@@ -175,13 +190,18 @@ class NatsWorker:
             main.cancel()
             stopping.cancel()
             await asyncio.gather(main, stopping, return_exceptions=True)
+            self._stopping.set()  # failing counts as stopping: the disconnection is no news
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._claim.release(), 1.0)
             await self._close()
 
     async def _main(self) -> None:
         nc = await self._connect()
         js = nc.jetstream(timeout=API_TIMEOUT)
         await self._ensure_stream(js)
+        await self._claim.acquire(js)  # before anything is sent or taken under the name
         tasks = [asyncio.create_task(self._export(js)) for _ in range(self._workers)]
+        tasks.append(asyncio.create_task(self._claim.keep()))
         self._ingest_task = asyncio.create_task(self._ingest(js))
         tasks.append(self._ingest_task)
         try:
@@ -253,10 +273,12 @@ class NatsWorker:
     async def _on_disconnected(self) -> None:
         if not self._stopping.is_set():
             self._log.warning("disconnected; reconnecting (events are kept meanwhile)")
+        self._claim.disconnected()
         self._to_trio(self._side.nats_connected, False)
 
     async def _on_reconnected(self) -> None:
         self._log.info("reconnected to %s", _where(self._nc))
+        self._claim.reconnected()
         self._trouble = None
         self._to_trio(self._side.nats_connected, True)
 
@@ -365,13 +387,14 @@ class NatsWorker:
         ready = False
         delay = 0.05
         while not self._stopping.is_set():
+            await self._claim.held.wait()  # never under a name another may have taken
             try:
                 if sub is None:
                     sub = await self._subscribe(js)
                     if not ready:
                         ready = True
                         self._to_trio(self._side.nats_ready)
-                msgs = await sub.fetch(self._fetch_batch, timeout=FETCH_WAIT)
+                msgs = await sub.fetch(self._fetch_batch, timeout=self._fetch_wait)
             except TimeoutError:  # nats-py's own TimeoutError is one too
                 continue  # nothing new (or no server to say so: nats-py reconnects)
             except nats.js.errors.BadRequestError as exc:
@@ -388,6 +411,8 @@ class NatsWorker:
                 delay = min(delay * 2, self._retry_max)
                 continue
             delay = 0.05
+            if not msgs:
+                continue  # the server's 408 beat nats-py's timeout: nothing came, nothing to ack
             # Our own events come back with everyone's (one filter subject on 2.9):
             # acknowledged here, without a trip through the Trio side.
             wanted = [msg for msg in msgs if self._wanted.wants(msg.subject)]

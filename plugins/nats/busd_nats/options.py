@@ -6,6 +6,8 @@ option instead of a bridge that quietly does something else.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import socket
 from collections.abc import Mapping
@@ -38,7 +40,8 @@ class BridgeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """One server or several, comma-separated: ``nats://host:4222``."""
     name: str = ""
     """This daemon's subject token (``busd.<name>.…``) and durable consumer; default: the
-    host name. Two daemons on one stream need different names."""
+    host name and a hash of the socket path. One name, one live daemon (see
+    :mod:`busd_nats.claim`)."""
     stream: str = "BUSD"
     subjects: list[str] | None = None
     """What to ingest; default: every other daemon's events (``busd.>`` less our own)."""
@@ -54,14 +57,27 @@ class BridgeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Event ids remembered on ingest, to drop redeliveries."""
 
 
-def default_name() -> str:
-    """The host's short name, made subject-safe (``build-01.example.org`` → ``build-01``)."""
+def default_name(socket_path: str | None = None) -> str:
+    """The host's short name, made subject-safe, and 6 hex digits of ``socket_path``'s hash.
+
+    ``build-01.example.org`` with ``/run/user/1000/busd/bus.sock`` → ``build-01-3f9a1c``.
+    The socket, because two daemons on one host (two users, a second ``--socket``) would
+    otherwise share the name, and with it the durable consumer; a socket path, because it
+    stays the same from one start to the next, so the consumer resumes. Without one (a
+    daemon embedded in a test), the host name alone.
+    """
     host = socket.gethostname().split(".", 1)[0]
-    return _UNSAFE.sub("-", host).strip("-")[:64] or "busd"
+    host = _UNSAFE.sub("-", host).strip("-") or "busd"
+    if socket_path is None:
+        return host[:64]
+    digest = hashlib.sha256(os.path.abspath(socket_path).encode()).hexdigest()[:6]
+    return f"{host[:57]}-{digest}"
 
 
-def parse_options(raw: Mapping[str, Any]) -> BridgeOptions:
+def parse_options(raw: Mapping[str, Any], *, socket_path: str | None = None) -> BridgeOptions:
     """Validate ``raw`` (the ``[plugins.nats]`` table with the flags on top).
+
+    ``socket_path``, the daemon's, makes the default name (:func:`default_name`).
 
     :raises NatsOptionsError: naming the first option that is wrong, and why.
     """
@@ -74,7 +90,7 @@ def parse_options(raw: Mapping[str, Any]) -> BridgeOptions:
         raise NatsOptionsError(f"[plugins.nats]: {exc}") from None
     for url in options.url.split(","):
         _check_url(url.strip())
-    name = options.name or default_name()
+    name = options.name or default_name(socket_path)
     if not _NAME.fullmatch(name):
         raise NatsOptionsError(
             f"[plugins.nats]: name {name!r} may only hold letters, digits, '_' and '-' "

@@ -17,15 +17,28 @@ import nats
 import pytest
 import trio
 
-from busd import Daemon, DaemonConfig, Endpoint, PluginManager, Server
+from busd import (
+    Daemon,
+    DaemonConfig,
+    Endpoint,
+    Envelope,
+    Event,
+    InternalError,
+    PluginManager,
+    Server,
+)
 
 __all__ = [
     "INSTALL_HINT",
+    "ErrorLog",
     "NatsServer",
     "StoredMessage",
+    "add_names_bucket",
     "add_stream",
     "bridged_daemon",
+    "count_requests",
     "find_nats_server",
+    "put_key",
     "read_stream",
     "running_nats",
     "stream_config",
@@ -104,6 +117,28 @@ class NatsServer:
             await self._gone.wait()
 
 
+class ErrorLog:
+    """The ``busd.internal.error`` events of one daemon, as they come (a bus handler)."""
+
+    def __init__(self) -> None:
+        self.errors: list[InternalError] = []
+        self._changed = trio.Event()
+
+    def __call__(self, envelope: Envelope[Event]) -> None:
+        assert isinstance(envelope.event, InternalError)
+        self.errors.append(envelope.event)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_for(self, text: str) -> InternalError:
+        """The first error whose message holds ``text``, once there is one."""
+        while True:
+            for error in self.errors:
+                if text in error.message:
+                    return error
+            await self._changed.wait()
+
+
 StoredMessage = tuple[str, bytes, dict[str, str]]
 """Subject, payload and headers of one message in a stream."""
 
@@ -154,6 +189,57 @@ def stream_config(url: str, stream: str = "BUSD") -> dict[str, Any]:
     return asyncio.run(main())
 
 
+def add_names_bucket(url: str, ttl: float) -> None:
+    """Make the bucket of daemon names the way an operator would, with its TTL (blocking)."""
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        try:
+            await nc.jetstream().create_key_value(bucket="busd-names", ttl=ttl, history=1)
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def put_key(url: str, key: str, value: bytes) -> None:
+    """Set ``key`` in the bucket of daemon names, as another daemon would (blocking)."""
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        try:
+            await (await nc.jetstream().key_value("busd-names")).put(key, value)
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def count_requests(url: str, subject: str, count: int, timeout: float = 20.0) -> None:
+    """Return once ``count`` messages were published on ``subject`` (a JetStream API subject,
+    say), counted by a core NATS subscriber; raise TimeoutError after ``timeout`` seconds
+    (blocking: call it in a thread)."""
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        try:
+            seen = 0
+            enough = asyncio.Event()
+
+            async def on_message(_: Any) -> None:
+                nonlocal seen
+                seen += 1
+                if seen >= count:
+                    enough.set()
+
+            await nc.subscribe(subject, cb=on_message)
+            await asyncio.wait_for(enough.wait(), timeout)
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
 @asynccontextmanager
 async def running_nats(tmp_path: Path) -> AsyncIterator[NatsServer]:
     """A started server (the test is skipped, saying how to install it, where there is none)."""
@@ -172,23 +258,36 @@ async def running_nats(tmp_path: Path) -> AsyncIterator[NatsServer]:
 
 @asynccontextmanager
 async def bridged_daemon(
-    path: Path, url: str, name: str, **options: Any
+    path: Path,
+    url: str,
+    name: str | None,
+    *,
+    wait_ready: bool = True,
+    errors: ErrorLog | None = None,
+    **options: Any,
 ) -> AsyncIterator[tuple[Daemon, busd_nats.Bridge]]:
     """A daemon on ``path`` with the plugin registered as its entry point would, bridged to ``url``.
 
-    Yields once its stream and consumer are in place.
+    Named ``name`` (None: the default name); its internal errors go to ``errors`` from the
+    start. Yields once its stream and consumer are in place, or at once without
+    ``wait_ready``.
     """
     manager = PluginManager(environ={})
     manager.register(busd_nats, name="nats")
-    config = DaemonConfig(plugin_options={"nats": {"url": url, "name": name, **options}})
+    if name is not None:
+        options["name"] = name
+    config = DaemonConfig(plugin_options={"nats": {"url": url, **options}})
     with Endpoint.bind(path) as endpoint:
         daemon = Daemon(config, socket_path=str(path), plugins=manager)
+        if errors is not None:
+            daemon.bus.on("busd.internal.error", errors)
         server = Server(daemon, endpoint.socket)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             bridge = busd_nats.bridge_of(daemon)
             assert bridge is not None, manager.failures
-            with trio.fail_after(15):
-                await bridge.ready.wait()
+            if wait_ready:
+                with trio.fail_after(15):
+                    await bridge.ready.wait()
             yield daemon, bridge
             nursery.cancel_scope.cancel()

@@ -18,10 +18,12 @@ import pytest
 import trio
 from nats_helpers import (
     INSTALL_HINT,
+    ErrorLog,
     NatsServer,
     StoredMessage,
     add_stream,
     bridged_daemon,
+    count_requests,
     find_nats_server,
     read_stream,
     running_nats,
@@ -266,6 +268,38 @@ async def test_a_full_buffer_drops_the_oldest_and_says_so(tmp_path: Path) -> Non
         assert messages == sorted(messages, key=int)  # in order
         assert messages[-1] == "19"  # the newest were kept
         await nats.stop()
+        nursery.cancel_scope.cancel()
+
+
+@needs_nats_server
+async def test_an_idle_consumer_takes_empty_fetches_in_its_stride(tmp_path: Path) -> None:
+    """A fetch may end with no message at all (nats-py returns an empty list when the
+    server's 408 beats its own timeout): nothing to acknowledge, fetch again. Polled every
+    10 ms, alpha's consumer meets many; after 200 pull requests it still takes beta's."""
+    errors = ErrorLog()
+    options = {"url": "", "name": "alpha"}
+    async with running_nats(tmp_path) as nats, trio.open_nursery() as nursery:
+        options["url"] = nats.url
+        daemon = Daemon(
+            DaemonConfig(plugin_options={"nats": options}), plugins=PluginManager(environ={})
+        )
+        daemon.bus.on("busd.internal.error", errors)
+        arrived = trio.Event()
+        daemon.bus.on("stream.session.info", lambda _: arrived.set())
+        bridge = busd_nats.Bridge(daemon, busd_nats.parse_options(options), fetch_wait=0.01)
+        await nursery.start(daemon.run)
+        nursery.start_soon(bridge.run)  # not supervised: whatever it raises fails the test
+        with trio.fail_after(15):
+            await bridge.ready.wait()
+        await trio.to_thread.run_sync(
+            count_requests, nats.url, "$JS.API.CONSUMER.MSG.NEXT.BUSD.busd-alpha", 200
+        )
+        async with bridged_daemon(tmp_path / "b.sock", nats.url, "beta"):
+            await publish(tmp_path / "b.sock", 0, 1)
+            with trio.fail_after(15):
+                await arrived.wait()
+        assert errors.errors == []
+        assert bridge.statistics().ingest.published == 1
         nursery.cancel_scope.cancel()
 
 

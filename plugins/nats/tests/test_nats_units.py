@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import subprocess
 import sys
@@ -103,6 +104,23 @@ def test_default_name_is_subject_safe(
 ) -> None:
     monkeypatch.setattr(socket, "gethostname", lambda: host)
     assert default_name() == name
+
+
+def test_the_default_name_is_the_host_and_its_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two daemons on one host (two users, or a second socket) get two names, each the
+    same at every start; a daemon without a socket (embedded in a test) is the host."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "build-01.example.org")
+    first = default_name("/run/user/1000/busd/bus.sock")
+    assert re.fullmatch(r"build-01-[0-9a-f]{6}", first)
+    assert default_name("/run/user/1000/busd/bus.sock") == first
+    assert default_name("/run/user/1001/busd/bus.sock") != first
+    assert default_name() == "build-01"
+    options = parse_options({"url": "nats://h:4222"}, socket_path="/run/user/1000/busd/bus.sock")
+    assert options.name == first
+    explicit = {"url": "nats://h:4222", "name": "laptop"}
+    assert parse_options(explicit, socket_path="/run/user/1000/busd/bus.sock").name == "laptop"
+    monkeypatch.setattr(socket, "gethostname", lambda: "x" * 80)
+    assert len(default_name("/tmp/bus.sock")) == 64
 
 
 def test_options_as_the_flags_give_them(tmp_path: Path) -> None:
