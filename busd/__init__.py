@@ -6,11 +6,13 @@ The public surface is re-exported here; the modules behind it are free to move.
 from __future__ import annotations
 
 from ._version import __version__ as __version__
+from .client import Acked as Acked
 from .client import Batch as Batch
 from .client import Client as Client
 from .client import ClientSubscription as ClientSubscription
 from .client import ConnectionLost as ConnectionLost
 from .client import DaemonNotRunning as DaemonNotRunning
+from .client import NotJournaled as NotJournaled
 from .client import RequestFailed as RequestFailed
 from .client import SubscribeFailed as SubscribeFailed
 from .client import connect as connect
@@ -126,6 +128,7 @@ __all__ = [
     "Accountant",
     "AccountingService",
     "Accumulator",
+    "Acked",
     "AccumulatorFull",
     "AccumulatorStatistics",
     "Adapter",
@@ -200,6 +203,7 @@ __all__ = [
     "ProtocolError",
     "Replay",
     "ReplayDriver",
+    "NotJournaled",
     "RequestFailed",
     "resolve_socket_path",
     "Retention",

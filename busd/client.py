@@ -25,7 +25,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from .wire import (
     Command,
     Encoder,
     Error,
+    ErrorInfo,
     Events,
     Frame,
     Gap,
@@ -70,11 +72,13 @@ from .wire import (
 from .wire.address import resolve_socket_path
 
 __all__ = [
+    "Acked",
     "Batch",
     "Client",
     "ClientSubscription",
     "ConnectionLost",
     "DaemonNotRunning",
+    "NotJournaled",
     "RequestFailed",
     "SubscribeFailed",
     "connect",
@@ -109,6 +113,19 @@ class RequestFailed(BusdError):
 
 class SubscribeFailed(RequestFailed):
     """The daemon refused a subscription (bad pattern, too many subscriptions)."""
+
+
+class NotJournaled(RequestFailed):
+    """Events this connection published are not in the daemon's journal (the message says which)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """Every event published so far is journaled (``journaled`` false: the daemon has none)."""
+
+    first_seq: int | None
+    last_seq: int | None
+    journaled: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,26 +228,39 @@ class Client:
     # -- connection life ---------------------------------------------------------
 
     async def _open(self) -> trio.SocketStream:
-        try:
-            stream = await trio.open_unix_socket(os.fspath(self.path))
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise DaemonNotRunning(
-                f"no busd daemon at {self.path} (start one with `busd serve`)"
-            ) from exc
-        decoder = server_frame_decoder(self.catalog)
-        await stream.send_all(
-            encode_frame(Hello(protocol=PROTOCOL_VERSION, client=self.name, role=self.role))
-        )
-        while True:
-            frame = decoder.next_frame()
-            if frame is not None:
+        """Connect and say hello: :class:`DaemonNotRunning` or :class:`ConnectionLost` if not."""
+        path = os.fspath(self.path)
+        deadline = trio.current_time() + 2.0  # for a full listen queue
+        while True:  # without blocking: Trio's connect takes EAGAIN (a full queue) for EINPROGRESS
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                sock.connect(path)  # a Unix socket connects at once or not at all
                 break
+            except OSError as exc:
+                sock.close()
+                if not isinstance(exc, BlockingIOError) or trio.current_time() >= deadline:
+                    raise _connect_error(path, exc) from exc
+                await trio.sleep(0.01)  # a full listen queue drains fast
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        try:
+            return await self._hello(stream)
+        except BaseException as exc:
+            await trio.aclose_forcefully(stream)
+            if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | ProtocolError):
+                raise ConnectionLost("closed", f"the connection broke at hello: {exc}") from exc
+            raise
+
+    async def _hello(self, stream: trio.SocketStream) -> trio.SocketStream:
+        decoder = server_frame_decoder(self.catalog)
+        hello = Hello(protocol=PROTOCOL_VERSION, client=self.name, role=self.role)
+        await stream.send_all(encode_frame(hello))
+        while (frame := decoder.next_frame()) is None:
             data = await stream.receive_some(_RECEIVE)
             if not data:
                 raise ConnectionLost("closed", "the daemon closed the connection at hello")
             decoder.feed(data)
         if isinstance(frame, Error):
-            await trio.aclose_forcefully(stream)
             raise ConnectionLost(frame.code, frame.message)
         if not isinstance(frame, Welcome):
             raise ConnectionLost("bad_handshake", f"expected welcome, got {type(frame).__name__}")
@@ -430,12 +460,15 @@ class Client:
         session_id: str | None = None,
         run_id: str | None = None,
         agent_id: str | None = None,
-    ) -> None:
+        ack: bool = False,
+    ) -> Acked | None:
         """Queue ``event`` for the next ``publish`` frame, waiting while the queue is full.
 
         Only a full queue makes it wait (and let the writer run); otherwise it
         is a cancellation point but not a scheduling point, so a publisher in
         a tight loop fills frames instead of paying a task switch per event.
+        ``ack=True`` then waits for :meth:`acknowledge`: the event (and every
+        one before it) is in the daemon's journal, or :class:`NotJournaled`.
         """
         while True:
             try:
@@ -444,8 +477,24 @@ class Client:
                 self._room = trio.Event()
                 await self._room.wait()
                 continue
+            if ack:
+                return await self.acknowledge()
             await trio.lowlevel.checkpoint_if_cancelled()
-            return
+            return None
+
+    async def acknowledge(self) -> Acked:
+        """Wait until every event this connection has published is in the daemon's journal.
+
+        A ``publish`` with ``ack`` and no events, like JetStream's PubAck
+        (docs/journal.md): :class:`NotJournaled` if some are not (lost, or the
+        disk fails now); :class:`RequestFailed` if the daemon refused one.
+        """
+        refused = len(self.errors)
+        result = await self._ask(lambda ack: Publish(events=[], ack=ack))
+        for frame in self.errors[refused:]:  # error frames come before the reply
+            if frame.ref is None and frame.code in ("invalid_event", "unknown_sdk"):
+                raise RequestFailed(frame.code, frame.message)
+        return Acked(result["first_seq"], result["last_seq"], result["journaled"])
 
     async def send_frame(self, frame: Frame) -> None:
         """Queue any client frame (after the publishes queued before it)."""
@@ -470,12 +519,16 @@ class Client:
 
     async def request(self, command: Command) -> Any:
         """Send a command and return its result; :class:`RequestFailed` on an error reply."""
+        return await self._ask(lambda request_id: Request(id=request_id, command=command))  # type: ignore[arg-type]
+
+    async def _ask(self, frame: Callable[[int], Frame]) -> Any:
+        """Send ``frame(id)`` and return the result of the ``reply`` with that id."""
         request_id = next(self._ids)
         done = trio.Event()
         box: list[Reply] = []
         self._replies[request_id] = (done, box)
         try:
-            self._push(Request(id=request_id, command=command))  # type: ignore[arg-type]
+            self._push(frame(request_id))
             await done.wait()
         finally:
             del self._replies[request_id]
@@ -483,8 +536,9 @@ class Client:
             raise self._lost or ConnectionLost("closed")
         reply = box[0]
         if not reply.ok:
-            error = reply.error
-            raise RequestFailed(error.code if error else "internal", error.message if error else "")
+            error = reply.error or ErrorInfo(code="internal", message="")
+            kind = NotJournaled if error.code == "not_journaled" else RequestFailed
+            raise kind(error.code, error.message)
         return reply.result
 
     async def start_run(
@@ -588,6 +642,15 @@ class Client:
                     self._room = trio.Event()
                     await self._room.wait()
         self._closing = True
+
+
+def _connect_error(path: str, exc: OSError) -> ConnectionError:
+    """What a failed ``connect`` means to a client: nobody listens, it is busy, or we may not."""
+    if isinstance(exc, BlockingIOError):
+        return ConnectionLost("busy", f"the daemon at {path} accepts no more connections")
+    if isinstance(exc, PermissionError):
+        return ConnectionLost("forbidden", f"may not connect to {path}: {exc.strerror}")
+    return DaemonNotRunning(f"no busd daemon at {path} ({exc.strerror}; start one: `busd serve`)")
 
 
 def _replace_since(frame: Subscribe, since_seq: int | None) -> Subscribe:

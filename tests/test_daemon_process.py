@@ -22,9 +22,12 @@ import trio
 from busd.core.catalog import Catalog
 from busd.wire import (
     PROTOCOL_VERSION,
+    Bye,
     Error,
     Goodbye,
     Hello,
+    Subscribe,
+    Unsubscribe,
     Welcome,
     encode_frame,
     server_frame_decoder,
@@ -190,6 +193,41 @@ async def test_sigterm_says_goodbye_to_clients_and_exits_cleanly(sock_path: Path
     assert isinstance(goodbye, Goodbye)
     assert goodbye.reason == "shutdown"
     assert not sock_path.exists()
+
+
+async def test_what_stopped_busd_serve_now_ends_one_connection_at_most(sock_path: Path) -> None:
+    """Issue 14's reproductions against the real process: it serves on, nothing is lost."""
+    journal = str(sock_path.parent.parent / "journal.sqlite3")
+    options = ("--journal", journal, "--outbound-cap", "65536")
+    async with serving(sock_path, *options) as daemon:
+        publisher = [sys.executable, "-c", PUBLISHER, str(sock_path), "3000"]
+        await trio.run_process(publisher, check=True)
+        # Subscribe and unsubscribe, and one id twice, pipelined in one write.
+        client = await trio.open_unix_socket(str(sock_path))
+        hello = Hello(protocol=PROTOCOL_VERSION, client="pipelined")
+        pipelined = (hello, Subscribe(id=1), Unsubscribe(id=1), Subscribe(id=2), Subscribe(id=2))
+        await client.send_all(b"".join(encode_frame(f) for f in (*pipelined, Bye())))
+        decoder = server_frame_decoder(Catalog())
+        with trio.fail_after(10):
+            while data := await client.receive_some(65536):
+                decoder.feed(data)
+        await client.aclose()
+        *_, goodbye = decoder
+        assert isinstance(goodbye, Goodbye)
+        assert goodbye.reason == "bye"
+        # A replay of ~150 KB through a 64 KiB outbound queue.
+        tail = await busd("tail", "--socket", str(sock_path), "--since", "0", "--count", "3001")
+        assert (tail.returncode, len(tail.stdout.splitlines())) == (0, 3001), tail.stderr
+        daemon.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            assert await daemon.wait() == 0
+    async with serving(sock_path, *options) as daemon:  # restarted: replays read the journal
+        for _ in range(3):  # and leave in the middle of it
+            one = await busd("tail", "--socket", str(sock_path), "--since", "0", "--count", "1")
+            assert one.returncode == 0, one.stderr
+        status = await _status(sock_path)
+        assert (status["internal_errors"], status["clients"]) == (0, 1)
+        assert daemon.returncode is None
 
 
 async def test_client_commands_without_a_daemon_fail_with_a_message(sock_path: Path) -> None:

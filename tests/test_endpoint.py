@@ -355,6 +355,33 @@ def test_symlinked_lock_file_is_refused(sock_path: Path) -> None:
     assert not target.exists()
 
 
+# -- the listen queue ---------------------------------------------------------------------------
+
+
+def system_backlog() -> int:
+    try:
+        return int(Path("/proc/sys/net/core/somaxconn").read_text())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
+def test_the_listen_queue_is_as_long_as_the_system_allows(sock_path: Path) -> None:
+    """A burst of connections the daemon has not accepted yet waits instead of failing."""
+    burst = min(system_backlog(), 400)
+    with Endpoint.bind(sock_path):
+        waiting = []
+        try:
+            for _ in range(burst):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                waiting.append(sock)
+                sock.setblocking(False)
+                sock.connect(os.fspath(sock_path))  # BlockingIOError once the queue is full
+        finally:
+            for sock in waiting:
+                sock.close()
+    assert burst > 128 or burst == system_backlog()
+
+
 # -- shutdown -----------------------------------------------------------------------------------
 
 

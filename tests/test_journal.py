@@ -7,12 +7,14 @@ The in-process daemon tests at the end run a real daemon on a real socket
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -478,6 +480,200 @@ async def test_a_failing_write_is_retried_and_nothing_is_doubled(jpath: Path) ->
     await journal.aclose()
     with JournalReader(jpath) as reader:
         assert [row[0] for row in reader.page(0, 100).rows] == [1, 2, 3, 4, 5]
+
+
+# -- a disk that cannot be written: no seq is given twice ------------------------------
+
+
+def fill_the_disk(journal: Journal) -> None:
+    """SQLite's own limit: the file may not grow by a page, so batches fail (SQLITE_FULL)."""
+    conn = journal.file._conn
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    assert conn.execute(f"PRAGMA max_page_count = {pages}").fetchone()[0] == pages
+
+
+def refuse_every_write(journal: Journal) -> None:
+    """SQLite refuses every write, the small ones too (as a disk that fails outright)."""
+    journal.file._conn.execute("PRAGMA query_only = ON")
+
+
+def big(i: int) -> TextDelta:
+    return TextDelta(message_id="m1", text=f"{i:04} " + "x" * 2000)
+
+
+async def test_a_stop_on_a_full_disk_records_the_gap_and_gives_no_seq_again(
+    jpath: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(jpath, max_pending=100)
+    for _ in range(10):
+        h.publish()
+    assert await h.journal.flush()
+    fill_the_disk(h.journal)
+    for i in range(300):  # 100 wait for the disk, 200 are not even queued
+        h.publish(big(i))
+    assert not await h.journal.flush()
+    with caplog.at_level(logging.ERROR, logger="busd.journal"):
+        await h.journal.aclose()
+    assert h.journal.unjournaled == [(11, 310)]
+    assert "300 events (seqs 11..310) were delivered but not journaled" in caplog.text
+    assert "recorded as lost in the journal" in caplog.text
+    again = Harness(jpath, max_pending=100)
+    assert again.journal.next_seq == 311  # 11..310 were delivered: never given again
+    assert again.journal.crashed is None  # it said so itself, in the journal
+    with JournalReader(jpath) as reader:
+        page = reader.page(0, 1000)
+    assert [row[0] for row in page.rows] == list(range(1, 11))
+    assert page.lost == [(11, 310)]  # a resume gets a gap for them
+    await again.journal.aclose()
+
+
+async def test_a_stop_when_nothing_can_be_written_reserves_in_the_lock_file(
+    jpath: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(jpath, max_pending=100)
+    for _ in range(10):
+        h.publish()
+    assert await h.journal.flush()
+    refuse_every_write(h.journal)
+    for i in range(300):
+        h.publish(big(i))
+    with caplog.at_level(logging.ERROR, logger="busd.journal"):
+        await h.journal.aclose()
+    assert h.journal.unjournaled == [(11, 310)]
+    assert "300 events (seqs 11..310)" in caplog.text
+    assert "the next start skips them" in caplog.text
+    again = Harness(jpath, max_pending=100)
+    assert again.journal.next_seq == 311
+    assert again.journal.crashed == (11, 310)
+    with JournalReader(jpath) as reader:
+        assert reader.page(0, 1000).lost == [(11, 310)]
+    await again.journal.aclose()
+
+
+async def test_a_crash_while_the_disk_fails_gives_no_seq_again(jpath: Path) -> None:
+    """Killed while nothing can be written: the lock file's reservation ran ahead of the seqs."""
+    h = Harness(jpath, max_pending=100)
+    for _ in range(10):
+        h.publish()
+    assert await h.journal.flush()  # the database reserves up to 110
+    refuse_every_write(h.journal)
+    for i in range(300):
+        h.publish(big(i))
+        if i % 50 == 0:
+            assert not await h.journal.flush()
+    h.journal.file.close()  # no aclose: the process died
+    again = Harness(jpath, max_pending=100)
+    assert again.journal.next_seq > 310
+    assert again.journal.crashed is not None
+    assert again.journal.crashed[0] == 11
+    await again.journal.aclose()
+
+
+async def test_a_crash_before_the_first_write_of_a_new_journal_gives_no_seq_again(
+    jpath: Path,
+) -> None:
+    h = Harness(jpath, max_pending=100)
+    h.publish()  # delivered; the process dies before the writer ran
+    h.journal.file.close()
+    again = Harness(jpath, max_pending=100)
+    assert again.journal.next_seq > 1
+    await again.journal.aclose()
+
+
+# -- a damaged file --------------------------------------------------------------------
+
+
+def written_journal(path: Path, count: int) -> list[Envelope[Event]]:
+    """A journal of ``count`` events in three sessions, stopped cleanly."""
+    file = JournalFile.open(path)
+    file.recover(reserve=1000, sessions=0)
+    now = time.time()  # recent: retention at start keeps them
+    sent = [envelope(seq, session=f"s{seq % 3}", ts=now) for seq in range(1, count + 1)]
+    registry = SessionRegistry()
+    for e in sent:
+        registry.observe(e)
+    rows = [_row(state) for state in registry.touched_since(0)]
+    file.write([(e, encode_envelope(e)) for e in sent], [], rows, head=count, reserved=count)
+    file.release(count)
+    file.close()
+    return sent
+
+
+def damage(path: Path) -> None:
+    """Garbage over three pages in the middle of the file, as a stray write leaves it."""
+    page = 8192
+    middle = path.stat().st_size // 2 // page * page
+    with path.open("r+b") as f:
+        f.seek(middle)
+        f.write(b"\xde\xad\xbe\xef" * (3 * page // 4))
+
+
+def test_a_damaged_journal_stops_the_start_with_the_way_out(jpath: Path) -> None:
+    written_journal(jpath, 5000)
+    damage(jpath)
+    with pytest.raises(JournalError, match="is damaged") as refused:
+        JournalFile.open(jpath)
+    assert f"busd journal recover --journal {jpath}" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(JournalError, match="is damaged"):
+        Daemon(DaemonConfig(journal=str(jpath)))
+
+
+def test_recover_sets_the_damaged_journal_aside_and_keeps_what_is_readable(jpath: Path) -> None:
+    from busd.daemon.journalrecover import check, recover
+
+    sent = written_journal(jpath, 5000)
+    damage(jpath)
+    assert check(jpath) != ["ok"]
+    result = recover(jpath, now=0)
+    assert result.aside == jpath.with_name("journal.sqlite3.damaged-" + _stamp(0))
+    assert result.aside.is_file()
+    assert check(jpath) == ["ok"]
+    assert result.damaged  # what was on the damaged pages
+    assert 0 < result.events < 5000
+    assert result.sessions == 3
+    with JournalReader(jpath) as reader:
+        page = reader.page(0, 10_000, limit=10_000)
+    kept = {row[0]: msgspec.msgpack.decode(row[5])["id"] for row in page.rows}
+    assert all(kept[e.seq] == e.id for e in sent if e.seq in kept)
+    lost = {s for a, b in page.lost for s in range(a, b + 1)}
+    assert set(kept) | lost == set(range(1, 5001))  # every seq: kept, or a gap
+    h = Harness(jpath)
+    assert h.journal.next_seq == 5001
+    h.journal.file.close()
+
+
+def test_journal_check_and_recover_from_the_command_line(jpath: Path) -> None:
+    written_journal(jpath, 3000)
+    runner = CliRunner()
+    intact = runner.invoke(main, ["journal", "check", "--journal", str(jpath)])
+    assert (intact.exit_code, "is intact" in intact.output) == (0, True)
+    damage(jpath)
+    damaged = runner.invoke(main, ["journal", "check", "--journal", str(jpath)])
+    assert damaged.exit_code == 1
+    assert "is damaged" in damaged.output
+    assert "busd journal recover" in damaged.output
+    held = Harness(jpath.with_name("other.sqlite3"))  # a daemon on another journal: no matter
+    recovered = runner.invoke(main, ["journal", "recover", "--journal", str(jpath)])
+    held.journal.file.close()
+    assert recovered.exit_code == 0, recovered.output
+    assert "moved the damaged journal to" in recovered.output
+    assert "recorded as lost" in recovered.output
+    again = runner.invoke(main, ["journal", "check", "--journal", str(jpath)])
+    assert again.exit_code == 0
+
+
+def test_recover_refuses_a_journal_a_daemon_holds(jpath: Path) -> None:
+    from busd.daemon.journalrecover import recover
+
+    h = Harness(jpath)
+    with pytest.raises(JournalError, match="in use by a busd"):
+        recover(jpath)
+    h.journal.file.close()
+
+
+def _stamp(now: float) -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.localtime(now))
 
 
 async def test_a_copy_of_a_journaled_event_is_not_journaled_twice(jpath: Path) -> None:

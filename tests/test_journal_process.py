@@ -9,8 +9,11 @@ the journal; ``busd sessions`` and ``busd export`` read it, daemon or not.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import resource
 import shutil
 import signal
 import sqlite3
@@ -166,7 +169,6 @@ async def test_kill_9_mid_stream_loses_nothing_journaled_and_reuses_no_seq(
 
 async def conversation(client: Client) -> None:
     """One model call: signed thinking, text, a tool call and its result, usage."""
-    s = {"session_id": "s1"}
     for event in [
         SessionStart(model="claude-x", title="list the files", cwd="/tmp"),
         TurnStart(turn_id="t1"),
@@ -179,7 +181,7 @@ async def conversation(client: Client) -> None:
         ToolComplete(tool_call_id="c1", name="Bash", output="a\nb\n"),
         SessionIdle(),
     ]:
-        await client.publish(event, **s)
+        await client.publish(event, session_id="s1")
     await client.flush()
 
 
@@ -246,6 +248,136 @@ async def test_sessions_and_export_read_the_journal_with_or_without_the_daemon(
     assert b"no journal at" in missing.stderr
 
 
+class FailingDisk:
+    """Where a journal lives, and a real way to make its writes fail under a running daemon."""
+
+    def __init__(self, how: str, directory: Path) -> None:
+        self.how = how
+        self.directory = directory
+        self.filler = directory / "filler"
+
+    def fail(self, daemon: trio.Process) -> None:
+        if self.how == "full-tmpfs":  # the file system has no free block left
+            assert _write_until_full(self.filler) == errno.ENOSPC
+        else:  # RLIMIT_FSIZE: no file of the daemon's may grow past 4 KiB (EFBIG)
+            resource.prlimit(daemon.pid, resource.RLIMIT_FSIZE, (4096, 4096))
+
+    def heal(self) -> None:
+        self.filler.unlink(missing_ok=True)  # a new daemon has no file size limit
+
+
+def _write_until_full(path: Path) -> int:
+    """Grow ``path`` until a write fails; its errno."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as exc:
+        return exc.errno or 0
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(params=["full-tmpfs", "file-size-limit"])
+def failing_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FailingDisk]:
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    if request.param == "file-size-limit":
+        yield FailingDisk(request.param, directory)
+        return
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "busd-test", str(directory)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield FailingDisk(request.param, directory)
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+async def wait_journaled(client: Client, *, errors: bool = False) -> dict[str, Any]:
+    """Poll ``status`` (another process's condition) until all is journaled, or writes fail."""
+    with trio.fail_after(20):
+        while True:
+            journal = (await client.request(Status()))["journal"]
+            if errors and journal["write_errors"] > 0:
+                return dict(journal)
+            if not errors and journal["pending"] == 0:
+                return dict(journal)
+            await trio.sleep(0.02)
+
+
+async def test_a_stop_while_the_disk_fails_says_what_was_lost_and_gives_no_seq_again(
+    sock_path: Path, failing_disk: FailingDisk
+) -> None:
+    journal = failing_disk.directory / "journal.sqlite3"
+    seen: dict[int, str] = {}
+    async with serving(sock_path, "--journal", str(journal)) as daemon:
+        async with (
+            connect(sock_path, client="watcher") as watcher,
+            connect(sock_path, client="publisher", role="agent") as publisher,
+            watcher.subscribe([">"], window_ms=0, deltas="raw") as sub,
+        ):
+            for i in range(500):
+                await publisher.publish(TextDelta(message_id="m", text=f"{i}"), session_id="s1")
+            await publisher.flush()
+            journaled_before = (await wait_journaled(watcher))["journaled_seq"]
+            failing_disk.fail(daemon)
+            for i in range(3000):
+                text = f"{i} " + "x" * 400
+                await publisher.publish(TextDelta(message_id="m", text=text), session_id="s1")
+            await publisher.flush()
+            await wait_journaled(watcher, errors=True)
+            head = (await watcher.request(Status()))["head_seq"]
+            with trio.fail_after(20):
+                async for batch in sub:
+                    seen.update((e.seq, e.id) for e in batch.events)
+                    if max(seen) >= head:
+                        break
+        daemon.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            await daemon.wait()
+        assert daemon.stderr is not None
+        stderr = b""
+        while chunk := await daemon.stderr.receive_some(65536):
+            stderr += chunk
+    assert daemon.returncode == 3, stderr.decode()
+    said = re.search(
+        rb"(\d+) events \(seqs (\d+)\.\.(\d+)\) were delivered but not journaled", stderr
+    )
+    assert said is not None, stderr.decode()
+    count, first, last = map(int, said.groups())
+    assert first > journaled_before
+    assert last == max(seen)  # everything handed out, up to the last seq given
+    assert count == last - first + 1
+
+    failing_disk.heal()
+    async with serving(sock_path, "--journal", str(journal)):
+        async with connect(sock_path, client="again") as client:
+            events: list[Envelope[Event]] = []
+            gaps: list[tuple[int, int]] = []
+            async with client.subscribe([">"], since_seq=0, window_ms=0, deltas="raw") as again:
+                await client.publish(SessionIdle(), session_id="s1")
+                with trio.fail_after(20):
+                    async for batch in again:
+                        if batch.gap is not None:
+                            gaps.append(batch.gap)
+                        events += batch.events
+                        if any(type(e.event) is SessionIdle for e in batch.events):
+                            break
+    [idle] = [e for e in events if type(e.event) is SessionIdle]
+    assert idle.seq > max(seen)  # no seq is given twice
+    assert gaps  # the loss, told in place
+    assert gaps[-1][0] <= first
+    assert gaps[-1][1] >= last
+    assert all(seen[e.seq] == e.id for e in events if e.seq in seen)
+
+
 def _not_sqlite(path: Path) -> None:
     path.write_text("not a database\n" * 200)
 
@@ -257,9 +389,20 @@ def _newer(path: Path) -> None:
     conn.close()
 
 
+def _damaged(path: Path) -> None:
+    from tests.test_journal import damage, written_journal
+
+    written_journal(path, 5000)
+    damage(path)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
-    [(_not_sqlite, b"is not a busd journal"), (_newer, b"was written by a newer busd")],
+    [
+        (_not_sqlite, b"is not a busd journal"),
+        (_newer, b"was written by a newer busd"),
+        (_damaged, b"is damaged"),
+    ],
 )
 async def test_serve_refuses_a_journal_it_cannot_use(
     sock_path: Path, tmp_path: Path, make: Any, message: bytes
@@ -269,7 +412,38 @@ async def test_serve_refuses_a_journal_it_cannot_use(
     result = await busd("serve", "--socket", str(sock_path), "--journal", str(path))
     assert result.returncode == 1
     assert message in result.stderr
+    assert result.stderr.count(b"\n") == 1  # one line, no traceback
     assert not sock_path.exists()  # it stopped before serving anyone
+
+
+async def test_a_damaged_journal_is_recovered_and_served_again(
+    sock_path: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    _damaged(path)
+    refused = await busd("serve", "--socket", str(sock_path), "--journal", str(path))
+    assert refused.returncode == 1
+    assert f"busd journal recover --journal {path}".encode() in refused.stderr
+    recovered = await busd("journal", "recover", "--journal", str(path))
+    assert recovered.returncode == 0, recovered.stderr
+    assert b"recorded as lost" in recovered.stdout
+    async with serving(sock_path, "--journal", str(path)):
+        async with connect(sock_path, client="again") as client:
+            gaps: list[tuple[int, int]] = []
+            seqs: list[int] = []
+            async with client.subscribe([">"], since_seq=0, window_ms=0, deltas="raw") as sub:
+                await client.publish(SessionIdle(), session_id="s1")
+                with trio.fail_after(20):
+                    async for batch in sub:
+                        if batch.gap is not None:
+                            gaps.append(batch.gap)
+                        seqs += [e.seq for e in batch.events]
+                        if seqs and seqs[-1] > 5000:
+                            break
+    assert gaps  # the damaged pages' seqs, in place
+    told = set(seqs) | {s for a, b in gaps for s in range(a, b + 1)}
+    assert set(range(1, 5001)) <= told
+    assert next(s for s in seqs if s > 5000) == 5001  # right after every seq it knew
 
 
 async def test_no_journal_writes_nothing(sock_path: Path, tmp_path: Path) -> None:

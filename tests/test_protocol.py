@@ -591,6 +591,58 @@ def test_a_bad_body_is_a_non_fatal_error_and_the_next_frame_decodes(
     assert decoder.next_frame() is None
 
 
+NOT_JSON = {
+    "bin": b"\x00\x01",
+    "ext": msgspec.msgpack.Ext(7, b"x"),
+    "timestamp": msgspec.msgpack.Ext(-1, b"\x00\x00\x00\x01"),
+    "bin-in-a-list": [1, [b"deep"]],
+    "bin-key": {b"k": 1},
+}
+
+
+@pytest.mark.parametrize("value", list(NOT_JSON.values()), ids=list(NOT_JSON))
+def test_binary_and_extension_values_are_refused_where_any_value_may_go(value: object) -> None:
+    """The protocol's ``Any`` is JSON-like: what msgpack adds is refused at decode, not relayed."""
+    tool = {"type": "stream.tool.start", "tool_call_id": "t", "name": "n", "input": {"v": value}}
+    idle = {"type": "stream.session.idle"}
+    publish = {"op": "publish", "events": [{"event": idle}, {"event": tool}]}
+    start = {"cmd": "start_run", "adapter": "a", "prompt": "p", "options": {"o": value}}
+    cases = [
+        (publish, INVALID_EVENT, None, "$.events[1].event.input.v"),
+        ({"op": "publish", "ack": 4, "events": [{"event": tool}]}, INVALID_EVENT, 4, "$.events"),
+        ({"op": "request", "id": 9, "command": start}, MALFORMED_FRAME, 9, "$.command.options.o"),
+        ({"op": "ingest", "sdk": "x", "events": [value]}, MALFORMED_FRAME, None, "$.events[0]"),
+    ]
+    decoder = client_frame_decoder(CATALOG)
+    for body, code, ref, where in cases:
+        decoder.feed(framed(msgspec.msgpack.encode(body)) + encode_frame(Ping(nonce=1)))
+        with pytest.raises(ProtocolError) as info:
+            decoder.next_frame()
+        assert (info.value.code, info.value.ref, info.value.fatal) == (code, ref, False)
+        assert where in info.value.message
+        assert decoder.next_frame() == Ping(nonce=1)  # the stream goes on
+
+
+def test_text_that_holds_the_bytes_of_binary_markers_is_plain_text() -> None:
+    texts = ["Zażółć gęślą jaźń", "שלום", "Ճ", "مرحبا", "\u00c4\u00d4"]
+    frame = Publish(events=[Outgoing(event=TextDelta(message_id="m", text=t)) for t in texts])
+    decoder = client_frame_decoder(CATALOG)
+    decoder.feed(encode_frame(frame))
+    assert decoder.next_frame() == frame
+
+
+def test_only_the_servers_decoder_is_strict() -> None:
+    """A client still reads what an older daemon relayed (its journal may hold such events)."""
+    event = ToolStart(tool_call_id="t", name="n", input={"v": "?"})
+    raw = msgspec.msgpack.encode(Envelope(seq=1, ts=0.0, event=event))
+    raw = raw.replace(b"\xa1?", b"\xc4\x01\x00")  # the string "?" becomes bin 00
+    decoder = server_frame_decoder(CATALOG)
+    decoder.feed(encode_frame(Events(sub=1, events=[msgspec.Raw(raw)])))
+    frame = decoder.next_frame()
+    assert isinstance(frame, Events)
+    assert frame.events[0].event.input == {"v": b"\x00"}
+
+
 def test_an_unknown_command_names_the_request_it_refuses() -> None:
     body = msgspec.msgpack.encode({"op": "request", "id": 12, "command": {"cmd": "reboot"}})
     decoder = client_frame_decoder(CATALOG)

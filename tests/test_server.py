@@ -248,8 +248,9 @@ async def test_a_client_that_never_reads_is_dropped_with_its_resume_seq(sock_pat
         got = [e for f in frames if isinstance(f, Events) for e in f.events]
         assert [index_of(e) for e in got] == list(range(len(got)))  # a prefix, no holes
         assert len(got) < total
-        # Resuming after resume_seq loses nothing: everything up to it arrived.
-        assert goodbye.resume_seq <= got[-1].seq
+        # Resuming after resume_seq loses nothing, and sends nothing again: it is
+        # exactly the last event that went out before the goodbye.
+        assert goodbye.resume_seq == got[-1].seq
 
 
 # -- bad input -------------------------------------------------------------------
@@ -284,22 +285,26 @@ async def test_hostile_bytes_get_error_frames_and_bystanders_carry_on(sock_path:
         await garbage.send(Ping(nonce=8))
         assert await garbage.receive() == Pong(nonce=8)
 
-        # An oversized length prefix: fatal, refused before any body is read.
+        # An oversized length prefix: fatal, refused before any body is read;
+        # a goodbye with the resume point follows every fatal error.
         oversized = await RawClient.open(sock_path)
         await oversized.send_bytes(struct.pack(">I", 64 << 20))
-        frames = await oversized.receive_until_closed()
+        *frames, goodbye = await oversized.receive_until_closed()
         assert isinstance(frames[-1], Error)
         assert (frames[-1].code, frames[-1].fatal) == ("frame_too_large", True)
+        assert goodbye == Goodbye(reason="frame_too_large", resume_seq=0)
 
         # A first frame that is not hello; a wrong protocol version.
         rude = await RawClient.open(sock_path, hello=False)
         await rude.send(Ping())
-        frames = await rude.receive_until_closed()
+        *frames, goodbye = await rude.receive_until_closed()
         assert [(f.code, f.fatal) for f in frames] == [("bad_handshake", True)]
+        assert goodbye == Goodbye(reason="bad_handshake", resume_seq=0)
         old = await RawClient.open(sock_path, hello=False)
         await old.send(Hello(protocol=PROTOCOL_VERSION + 1, client="future"))
-        frames = await old.receive_until_closed()
+        *frames, goodbye = await old.receive_until_closed()
         assert [(f.code, f.fatal) for f in frames] == [("version_mismatch", True)]
+        assert goodbye.reason == "version_mismatch"
 
         # A truncated frame, then the client vanishes.
         truncated = await RawClient.open(sock_path)
@@ -352,16 +357,19 @@ async def test_bad_subscriptions_are_refused_clearly(sock_path: Path) -> None:
 
 
 async def test_connections_per_uid_are_limited(sock_path: Path) -> None:
-    async with running_daemon(sock_path, DaemonConfig(max_connections_per_uid=2)):
+    async with running_daemon(sock_path, DaemonConfig(max_connections_per_uid=2)) as server:
         first = await RawClient.open(sock_path)
         second = await RawClient.open(sock_path)
-        third = await RawClient.open(sock_path, hello=False)
-        frames = await third.receive_until_closed()
+        third = await RawClient.open(sock_path, hello=False)  # counted once it says hello
+        await third.send(Hello(protocol=PROTOCOL_VERSION, client="third"))
+        *frames, goodbye = await third.receive_until_closed()
         assert [(f.code, f.fatal) for f in frames] == [("too_many_connections", True)]
+        assert goodbye == Goodbye(reason="too_many_connections", resume_seq=0)
         await first.aclose()
         await second.send(Ping(nonce=3))
         assert await second.receive() == Pong(nonce=3)
         await second.aclose()
+        assert server.daemon.counters.protocol_errors == 0
 
 
 # -- requests --------------------------------------------------------------------
@@ -585,7 +593,7 @@ async def test_the_resume_seq_covers_batches_split_over_many_frames(
     assert [s for s in published if s <= goodbye.resume_seq] == sorted(
         s for s in received if s <= goodbye.resume_seq
     )
-    assert goodbye.resume_seq < published[-1]
+    assert max(received) == goodbye.resume_seq < published[-1]  # and nothing is sent twice
 
 
 async def test_a_client_cancelled_mid_connection_closes_its_socket(tmp_path: Path) -> None:

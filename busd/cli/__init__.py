@@ -6,6 +6,7 @@ The ``main`` group is here; its commands are in one module per kind:
 - ``tail``, ``publish``, ``ingest``: the event stream (:mod:`.stream`);
 - ``watch``, ``web``, ``demo``: the frontends (:mod:`.frontends`);
 - ``sessions``, ``export``: the journal (:mod:`.history`);
+- ``journal check``, ``journal recover``: a damaged journal (:mod:`.journal`);
 - ``run``: a headless agent run (:mod:`.run`);
 - ``catalog``, ``status``, ``plugins``: what busd knows and runs (:mod:`.info`).
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import click
 
 from .._version import __version__
-from . import frontends, history, info, run, serve, stream
+from . import frontends, history, info, journal, run, serve, stream
 
 __all__ = ["main"]
 
@@ -33,6 +34,7 @@ main.add_command(info.catalog)
 main.add_command(frontends.demo)
 main.add_command(history.export)
 main.add_command(stream.ingest)
+main.add_command(journal.journal_group)
 main.add_command(info.plugins)
 main.add_command(stream.publish)
 main.add_command(run.run_command)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from ..wire.address import EndpointError
 from ._common import Duration, Size, default_journal_path, fail, resolve_socket, socket_option
 
 _DEFAULTS = DaemonConfig()
+UNJOURNALED = 3
+"""Exit code of a daemon that stopped with events it could not journal (the disk failed)."""
 
 
 @click.command()
@@ -189,11 +192,15 @@ def serve(
 
     plugins = PluginManager()
     plugins.load_entry_points()
+    made: list[Daemon] = []
+
+    def make() -> Daemon:
+        made.append(Daemon(config, plugins=plugins))
+        return made[-1]
+
     try:
         # The daemon (and its journal) is made once the socket is ours.
-        trio.run(
-            partial(serve_forever, path, partial(Daemon, config, plugins=plugins), on_ready=ready)
-        )
+        trio.run(partial(serve_forever, path, make, on_ready=ready))
     except AlreadyRunning as exc:
         fail(str(exc))
     except EndpointError as exc:
@@ -207,6 +214,9 @@ def serve(
         if refused is None:
             raise
         fail(str(refused), 2)
+    journal = made[0].journal if made else None
+    if journal is not None and journal.unjournaled:
+        sys.exit(UNJOURNALED)  # the log said how many events and which seqs
 
 
 def _leaf(group: BaseExceptionGroup[BaseException], kind: type[Exception]) -> Exception | None:

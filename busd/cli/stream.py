@@ -13,6 +13,7 @@ import click
 import msgspec
 import trio
 
+from ..client import Acked, NotJournaled, RequestFailed
 from ..client import connect as busd_connect
 from ..core.catalog import Catalog
 from ..core.errors import BusdError
@@ -168,16 +169,30 @@ def publish(
 
     async def run() -> int:
         async with busd_connect(path, client="busd-publish", role="agent") as client:
-            await client.publish(event, session_id=session, run_id=run_id, agent_id=agent)
-            await client.flush()
-            for error in client.errors:
-                fail(f"the daemon refused it: {error.code}: {error.message}")
+            try:
+                acked = await client.publish(
+                    event, session_id=session, run_id=run_id, agent_id=agent, ack=True
+                )
+            except NotJournaled as exc:
+                fail(f"published, but not journaled: {exc}", NOT_JOURNALED_EXIT)
+            except RequestFailed as exc:
+                fail(f"the daemon refused it: {exc}")
+        assert acked is not None
+        _say_durable(acked, "the event")
         return 0
 
     run_client(run)
 
 
 _INGEST_CHUNK = 256 << 10  # raw bytes per ingest frame, well under the frame cap
+NOT_JOURNALED_EXIT = 3
+"""Exit code of ``publish`` and ``ingest`` when the daemon accepted events it could not journal."""
+
+
+def _say_durable(acked: Acked, what: str) -> None:
+    """Nothing when journaled; a note when the daemon keeps its history in memory only."""
+    if not acked.journaled:
+        click.echo(f"busd: the daemon runs without a journal: {what} is not durable", err=True)
 
 
 @click.command()
@@ -230,11 +245,15 @@ def ingest(
                     batch, size = [], 0
             await client.send_frame(Ingest(sdk=sdk, events=batch, session_id=session, end=True))
             sent += len(batch)
-            await client.flush()
-            for error in client.errors:
-                fail(f"the daemon refused the stream: {error.code}: {error.message}")
+            try:  # one ack answers for everything this connection published
+                acked = await client.acknowledge()
+            except NotJournaled as exc:
+                fail(f"ingested, but not journaled: {exc}", NOT_JOURNALED_EXIT)
+            except RequestFailed as exc:
+                fail(f"the daemon refused the stream: {exc}")
         skipped = f", {malformed} malformed line(s) skipped" if malformed else ""
         click.echo(f"busd: ingested {sent} {sdk} event(s){skipped}", err=True)
+        _say_durable(acked, "the stream")
         return 0
 
     run_client(run)

@@ -140,6 +140,7 @@ class BatchDispatcher:
         "_done",
         "_drained",
         "_events_sent",
+        "_failure",
         "_flush_target",
         "_flusher",
         "_idle",
@@ -210,6 +211,7 @@ class BatchDispatcher:
         self._scope = trio.CancelScope()
         self._ran = False
         self._resume_seq: int | None = None
+        self._failure: Exception | None = None
         self._lost = 0
         self._ignored = 0
         self._batches_sent = 0
@@ -289,13 +291,27 @@ class BatchDispatcher:
             assert send_nowait is not None, "only a dispatcher with send_nowait is notified"
             first, ticket = _first_seq(acc), self._added
             batch = acc.drain()
+            self._inflight_first = first  # if send_nowait raises, the batch was not delivered
             if send_nowait(batch):
+                self._inflight_first = None
                 self._drained = self._sent = ticket
                 self._last_flush = now
                 self._sent_batch(len(batch))
                 return
             # No room: the loop sends it, waiting as a send does.
+            self._inflight_first = None
             self._ready, self._ready_first, self._ready_ticket = batch, first, ticket
+        self._idle = False
+        self._wakeup.set()
+
+    def break_with(self, exc: Exception) -> None:
+        """Fail in the owner's task: :meth:`run` raises ``exc`` (a failed :meth:`deliver_nowait`).
+
+        Whoever called :meth:`deliver_nowait` (the flusher, a publisher) is not
+        the owner, and must not be the one to fail; the owner's loop is.
+        """
+        if self._failure is None:
+            self._failure = exc
         self._idle = False
         self._wakeup.set()
 
@@ -327,6 +343,7 @@ class BatchDispatcher:
         """The oldest ``seq`` given to ``add`` whose ``send`` has not returned, if any.
 
         A connection uses it to tell a client it drops where to resume from.
+        After the loop failed, the batch it was sending still counts.
         """
         if self._inflight_first is not None:
             return self._inflight_first
@@ -339,7 +356,8 @@ class BatchDispatcher:
 
         Returns after :meth:`aclose` (everything flushed) or when the
         subscriber overflowed (see :attr:`overflow`). An exception from
-        ``send`` propagates, and the dispatcher is then broken.
+        ``send`` (or given to :meth:`break_with`) propagates, and the
+        dispatcher is then broken.
         """
         if self._state in (_State.CLOSING, _State.CLOSED):
             raise trio.ClosedResourceError("the dispatcher is closed")
@@ -358,7 +376,8 @@ class BatchDispatcher:
             raise
         finally:
             self._stopped(_State.CLOSED)
-            self._inflight_first = None
+            if self._state is not _State.BROKEN:  # broken, it was not delivered: pending_seq
+                self._inflight_first = None
             self._done.set()
             self._progress.unpark_all()
 
@@ -370,6 +389,8 @@ class BatchDispatcher:
     async def _loop(self) -> None:
         acc = self._acc
         while self._state is not _State.OVERFLOWED:
+            if self._failure is not None:
+                raise self._failure
             batch = self._ready
             if batch is not None:
                 self._ready = None
@@ -510,7 +531,7 @@ class BatchDispatcher:
             events_sent=self._events_sent,
             largest_batch=self._largest_batch,
             buffered=len(self._acc) + (len(self._ready) if self._ready is not None else 0),
-            sending=self._inflight_first is not None,
+            sending=self._inflight_first is not None and self._state is not _State.BROKEN,
             overflowed=overflow is not None,
             dropped=0 if overflow is None else overflow.dropped,
             accumulator=self._acc.statistics(),
@@ -571,7 +592,10 @@ class Flusher:
         if pending:
             self._flushes += 1
         for dispatcher in pending:
-            dispatcher.deliver_nowait()
+            try:
+                dispatcher.deliver_nowait()
+            except Exception as exc:  # that dispatcher's owner fails, not the caller
+                dispatcher.break_with(exc)
 
     def statistics(self) -> FlusherStatistics:
         return FlusherStatistics(

@@ -1,21 +1,31 @@
-"""One client connection: handshake, a reader task, a writer task.
+"""One client connection: handshake, a reader task, a writer task, one task per subscription.
 
 The reader decodes frames and answers them synchronously against the
-:class:`~busd.daemon.hub.Daemon`; everything to send goes through one outbox,
-drained by the writer in as few ``send_all`` calls as it can. The outbox is
-capped in bytes (queued plus in flight): a client that stops reading is told
-``goodbye(slow_consumer, resume_seq)`` and closed, and nobody else waits for
-it. Works over any Trio stream, so tests can use memory streams.
+:class:`~busd.daemon.hub.Daemon`; everything to send goes through one
+:class:`~busd.daemon.outbox.Outbox`, drained by the writer in as few
+``send_all`` calls as it can. The outbox is capped in bytes (queued plus in
+flight): a client that stops reading is told ``goodbye(slow_consumer,
+resume_seq)`` and closed, and nobody else waits for it. Works over any Trio
+stream, so tests can use memory streams.
+
+Containment: every task of a connection runs in the connection's own
+nursery, guarded; so does whatever other tasks (the flusher, a publisher)
+call into it. Whatever raises ends this connection only, with
+``goodbye(internal_error, resume_seq)``, its traceback logged once and
+counted in ``status`` (``internal_errors``); :meth:`Connection.serve` never
+raises but Trio's own cancellation.
+
+Resume points: every goodbye carries the ``since_seq`` from which resuming
+misses nothing that this connection's subscriptions matched
+(:meth:`Connection.resume_seq`), however far behind its client was.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import msgspec
 import trio
@@ -23,26 +33,24 @@ import trio
 from .._version import __version__
 from ..core.errors import InvalidPattern
 from ..core.events import Envelope, Event
-from ..core.permissions import PermissionRejected
 from ..plugins.adapters import Translator
 from ..wire import (
     BAD_HANDSHAKE,
     BYE,
     FRAME_TOO_LARGE,
-    INTERNAL,
+    HANDSHAKE_TIMEOUT,
+    INTERNAL_ERROR,
     INVALID_EVENT,
     INVALID_PATTERN,
     SEQ_AHEAD,
     SHUTDOWN,
     SLOW_CONSUMER,
+    TOO_MANY_CONNECTIONS,
     TOO_MANY_REQUESTS,
     TOO_MANY_SUBSCRIPTIONS,
-    UNKNOWN_COMMAND,
     UNKNOWN_SDK,
-    UNKNOWN_SESSION,
     UNKNOWN_SUBSCRIPTION,
     Bye,
-    CancelRun,
     Encoder,
     Error,
     ErrorInfo,
@@ -52,28 +60,24 @@ from ..wire import (
     Goodbye,
     Hello,
     Ingest,
-    PermissionReply,
     Ping,
     Pong,
     ProtocolError,
     Publish,
     Reply,
     Request,
-    Runs,
     ServerHandshake,
-    Sessions,
-    Snapshot,
-    StartRun,
-    Stats,
-    Status,
     Subscribe,
     Unsubscribe,
+    Welcome,
     client_frame_decoder,
 )
+from .acks import Acks
 from .batching import BatchDispatcher
-from .hub import Daemon, PublishRejected, Resume, Subscription
+from .commands import Failed, answer
+from .hub import Daemon, Resume, Subscription
 from .journal import JournalSpan, Missing
-from .runs import RunRejected
+from .outbox import Out, Outbox
 
 __all__ = ["Connection", "close_gracefully"]
 
@@ -83,21 +87,7 @@ _RECEIVE = 65_536
 _YIELD_EVERY = 64  # published events between two checkpoints of the reader
 _EVENTS_OVERHEAD = 64  # an events frame's bytes besides its envelopes
 _GOODBYE_TIMEOUT = 1.0  # how long a closing connection may take to write its last frames
-
-
-@dataclass(slots=True)
-class _Out:
-    data: bytes
-    first_seq: int | None = None  # for events frames: the oldest seq they carry
-    reply: bool = False
-
-
-class _Failed(Exception):
-    """A reply that is an error (code, message)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+_FLUSH_TIMEOUT = 1.0  # how long a goodbye waits for the subscriptions to flush
 
 
 def _sorted(sessions: frozenset[str] | None) -> list[str] | None:
@@ -134,48 +124,52 @@ class Connection:
         config = daemon.config
         self._decoder = client_frame_decoder(daemon.catalog, max_frame=config.max_frame)
         self._encoder = Encoder(max_frame=config.max_frame)
-        self._out: deque[_Out] = deque()
-        self._out_bytes = 0
-        self._inflight: list[_Out] = []
-        self._inflight_bytes = 0
-        self._replies = 0  # replies queued or being written
-        self._out_ready = trio.Event()
-        self._progress = trio.Event()  # set whenever the writer has written something
-        self._closing = False
-        self._subs: dict[int, Subscription] = {}
-        self._translators: dict[tuple[str, str | None], Translator] = {}
         self._reader_scope = trio.CancelScope()
-        self._writer_done = trio.Event()
+        self._outbox = Outbox(
+            stream,
+            cap=config.outbound_cap,
+            hard_cap=2 * config.outbound_cap + config.max_frame,  # events wait under the cap
+            on_overflow=self._slow_consumer,
+            on_broken=self._reader_scope.cancel,
+        )
+        self._subs: dict[int, Subscription] = {}
+        # Per subscription whose events are being queued (a replay, a batch split
+        # over frames): the seq up to which they are queued, its resume point.
+        self._since: dict[Subscription, int] = {}
+        self._translators: dict[tuple[str, str | None], Translator] = {}
         self._nursery: trio.Nursery | None = None
         self._pending_goodbye: str | None = None
+        self.in_handshake = True
+        """Accepted, no hello answered yet (the server keeps few of these per uid)."""
+        self._handshake_scope = trio.CancelScope()
+        self._evicted: str | None = None  # why the server closed us before our hello
         self._unyielded = 0  # events published since the reader last let others run
-        # Write-through: while the writer is parked with nothing queued, a frame
-        # is written to the socket at once (non-blocking) instead of waking it.
-        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
-        self._writer_parked = False
+        self._acks = Acks(daemon, self._queue, self._start_guarded)  # publish's ack: ID
 
     # -- life --------------------------------------------------------------------
 
     async def serve(self) -> None:
+        """Serve the client to the end; raises nothing but Trio's cancellation."""
         try:
-            hello = await self._handshake()
-            if hello is None:
-                return
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._writer)
-                if self._pending_goodbye is not None:  # the daemon began stopping meanwhile
-                    self._close_with(
-                        Goodbye(reason=self._pending_goodbye, resume_seq=self.daemon.bus.head_seq)
-                    )
-                with self._reader_scope:
-                    await self._reader()
-                if self._closing:  # let the last frames (goodbye, error) go out
-                    with trio.move_on_after(self.daemon.config.goodbye_timeout):
-                        await self._writer_done.wait()
-                nursery.cancel_scope.cancel()
+            if await self._handshake():
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._guarded, self._outbox.run, "writing")
+                    if self._pending_goodbye is not None:  # the daemon began stopping meanwhile
+                        self._end(self._pending_goodbye)
+                    with self._reader_scope:
+                        await self._guarded(self._reader, "reading")
+                    if self._closing:  # let the last frames (goodbye, error) go out
+                        with trio.move_on_after(self.daemon.config.goodbye_timeout):
+                            await self._outbox.done.wait()
+                    nursery.cancel_scope.cancel()
+        except Exception as exc:  # outside the guarded tasks: the handshake, the glue
+            self._failed(exc, "serving")
+            if self._nursery is None:  # no writer yet: say it directly
+                await self._send_now(self._goodbye(INTERNAL_ERROR))
         finally:
-            self._fd = None  # the descriptor is about to be closed (and maybe reused)
+            self._outbox.forget_fd()  # the descriptor is about to be closed (and maybe reused)
+            self.in_handshake = False
             self._finish_translators()
             for sub in self._subs.values():
                 self.daemon.remove_subscription(sub)
@@ -185,9 +179,11 @@ class Connection:
                 await close_gracefully(self.stream)
 
     async def goodbye(self, reason: str = SHUTDOWN, *, deadline: float | None = None) -> None:
-        """Flush every subscription, say goodbye with the resume seq, and close.
+        """Flush every subscription (for a second at most), say goodbye with the resume point.
 
-        Before the handshake is done, the goodbye follows the welcome.
+        Before the handshake is done, the goodbye follows the welcome. The
+        flush ends at ``deadline`` if that is sooner; the goodbye is queued
+        either way.
         """
         if self._nursery is None:
             self._pending_goodbye = reason
@@ -195,31 +191,105 @@ class Connection:
         if self._closing:
             self._reader_scope.cancel()
             return
-        with trio.move_on_at(deadline if deadline is not None else trio.current_time() + 1.0):
+        flush_until = trio.current_time() + _FLUSH_TIMEOUT
+        with trio.move_on_at(flush_until if deadline is None else min(deadline, flush_until)):
             for sub in list(self._subs.values()):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await sub.dispatcher.flush()
-        self._close_with(Goodbye(reason=reason, resume_seq=self.daemon.bus.head_seq))
+            await self._acks.answered()  # acks go before the goodbye (writes every 50 ms)
+        self._end(reason)
 
-    def _close_with(self, frame: Frame) -> None:
-        """Queue a last frame and stop reading; the writer drains what is queued."""
+    def evict(self, why: str) -> None:
+        """Close a connection still waiting for its hello, to make room for a newer one."""
+        if self.in_handshake:
+            self._evicted = why
+            self._handshake_scope.cancel()
+
+    def resume_seq(self, *, outbox_delivered: bool = True) -> int:
+        """The ``since_seq`` from which this client misses nothing its subscriptions matched.
+
+        The lowest point over the subscriptions: where a replay or a batch
+        being queued has got to, else just before the oldest event a
+        dispatcher holds (or lost, overflowing); the head when everything
+        was delivered. With ``outbox_delivered=False`` (a slow consumer's
+        outbox is dropped) the events frames still queued count as not
+        delivered. Events merged into one delta resume from before the
+        first of them.
+        """
+        points = [self.daemon.bus.head_seq]
+        if not outbox_delivered:
+            points += self._outbox.undelivered()
+        for sub in self._subs.values():
+            since = self._since.get(sub)  # its replay or its batch in flight got this far
+            if since is None:
+                overflow = sub.dispatcher.overflow
+                pending = sub.dispatcher.pending_seq() if overflow is None else overflow.resume_seq
+                since = None if pending is None else pending - 1
+            if since is not None:
+                points.append(since)
+        return min(points)
+
+    def _goodbye(self, reason: str, *, outbox_delivered: bool = True) -> Goodbye:
+        return Goodbye(reason=reason, resume_seq=self.resume_seq(outbox_delivered=outbox_delivered))
+
+    def _end(self, reason: str) -> None:
+        self._close_with(self._goodbye(reason))
+
+    def _fatal(self, error: Error) -> None:
+        """A fatal error, then the goodbye with the resume point (its reason: the code)."""
+        self._close_with(error, self._goodbye(error.code))
+
+    def _close_with(self, *frames: Frame) -> None:
+        """Queue the last frames and stop reading; the writer drains what is queued."""
         if self._closing:
+            self._reader_scope.cancel()
             return
-        self._queue(frame)
-        self._closing = True
-        self._out_ready.set()
-        self._progress.set()
+        for frame in frames:
+            self._queue(frame)
+        self._outbox.close()
         self._reader_scope.cancel()
+
+    @property
+    def _closing(self) -> bool:
+        """Ending: nothing more is queued, the writer drains what is."""
+        return self._outbox.closing
+
+    # -- containment -------------------------------------------------------------
+
+    async def _guarded(self, task: Callable[[], Awaitable[object]], what: str) -> None:
+        """Run one of this connection's tasks; what it raises ends this connection only."""
+        try:
+            await task()
+        except Exception as exc:
+            self._failed(exc, what)
+
+    def _start_guarded(self, task: Callable[[], Awaitable[object]], what: str) -> bool:
+        """Start ``task`` in this connection's scope, guarded; ``False`` before it serves."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(self._guarded, task, what)
+        return True
+
+    def _failed(self, exc: BaseException, what: str) -> None:
+        """Log and count a failure serving this client, then end its connection."""
+        self._internal_error(exc, what)
+        self._end(INTERNAL_ERROR)
+
+    def _internal_error(self, exc: BaseException, what: str) -> None:
+        self.daemon.counters.internal_errors += 1
+        logger.error("%s: failed %s (the daemon goes on)", self.name, what, exc_info=exc)
 
     # -- handshake ---------------------------------------------------------------
 
-    async def _handshake(self) -> Hello | None:
+    async def _handshake(self) -> bool:
+        """Answer the hello; ``False`` when the connection ends here (after saying why)."""
         handshake = ServerHandshake(
             server=__version__, client_id=self.client_id, limits=self.daemon.config.limits()
         )
-        reply: Frame | None = None
+        reply: Welcome | Error | None = None
         frame: object = None
-        with trio.move_on_after(self.daemon.config.handshake_timeout) as scope:
+        self._handshake_scope.relative_deadline = self.daemon.config.handshake_timeout
+        with self._handshake_scope:
             while frame is None:
                 try:
                     frame = self._decoder.next_frame()
@@ -229,20 +299,33 @@ class Connection:
                 if frame is None:
                     data = await self._receive()
                     if not data:
-                        return None
+                        return False
                     self._decoder.feed(data)
-        if scope.cancelled_caught:
+        self.in_handshake = False
+        if self._evicted is not None:
+            reply = Error(code=TOO_MANY_CONNECTIONS, message=self._evicted, fatal=True)
+        elif self._handshake_scope.cancelled_caught:
             reply = handshake.timed_out()
         elif reply is None:
             reply = handshake.receive(frame, head_seq=self.daemon.bus.head_seq)
-        await self._send_now(reply)
-        if not isinstance(frame, Hello) or handshake.state != "done":
-            if isinstance(reply, Error) and reply.code != "handshake_timeout":
+            if isinstance(reply, Welcome) and not self._admitted(frame):
+                limit = self.daemon.config.max_connections_per_uid
+                message = f"uid {self.uid} already has {limit} connections"
+                reply = Error(code=TOO_MANY_CONNECTIONS, message=message, fatal=True)
+        if isinstance(reply, Error):
+            if reply.code not in (HANDSHAKE_TIMEOUT, TOO_MANY_CONNECTIONS):
                 self.daemon.counters.protocol_errors += 1
-            return None
+            await self._send_now(reply, self._goodbye(reply.code))
+            return False
+        await self._send_now(reply)
+        assert isinstance(frame, Hello)
         self.name = frame.client or self.name
-        self.daemon.connection_identified(self.client_id, frame.client, frame.role)
-        return frame
+        return True
+
+    def _admitted(self, hello: object) -> bool:
+        """Count a connection that said hello toward its uid's limit, if there is room."""
+        assert isinstance(hello, Hello)
+        return self.daemon.connection_identified(self.client_id, hello.client, hello.role)
 
     async def _receive(self) -> bytes:
         try:
@@ -250,10 +333,10 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
 
-    async def _send_now(self, frame: Frame) -> None:
+    async def _send_now(self, *frames: Frame) -> None:
         with trio.move_on_after(_GOODBYE_TIMEOUT):
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await self.stream.send_all(self._encoder.encode(frame))
+                await self.stream.send_all(b"".join(self._encoder.encode(f) for f in frames))
 
     # -- reading -----------------------------------------------------------------
 
@@ -266,25 +349,31 @@ class Connection:
                 except ProtocolError as exc:
                     self.daemon.counters.protocol_errors += 1
                     if exc.fatal:
-                        self._close_with(exc.to_frame())
+                        self._fatal(exc.to_frame())
                         return
                     self._protocol_error(exc)
                     continue
-                if frame is None:
-                    break
-                if isinstance(frame, Bye):
-                    await self.goodbye(BYE)
-                    return
-                if isinstance(frame, Publish):
-                    await self._publish(frame)
-                    continue
-                if isinstance(frame, Ingest):
-                    await self._journal_room()
-                try:
-                    self._handle(frame)
-                except Exception:
-                    logger.exception("%s: failed to handle %r", self.name, frame)
-                    self._queue(Error(code=INTERNAL, message="the daemon failed on this frame"))
+                match frame:
+                    case None:
+                        break
+                    case Bye():
+                        await self.goodbye(BYE)
+                        return
+                    case Publish():
+                        await self._acks.around(frame, self._publish(frame))
+                    case Ingest():
+                        await self._journal_room()
+                        self._acks.around_sync(frame, self._ingest)
+                    case Subscribe():
+                        self._subscribe(frame)
+                    case Unsubscribe():
+                        self._unsubscribe(frame)
+                    case Request():
+                        self._request(frame)
+                    case Ping():
+                        self._queue(Pong(nonce=frame.nonce))
+                    case Hello():
+                        self._queue(Error(code=BAD_HANDSHAKE, message="hello was already received"))
             # What this chunk published is accounted and goes out before we wait
             # for the next one, not after a task switch (latency at a steady rate).
             self.daemon.settle()
@@ -294,17 +383,26 @@ class Connection:
             decoder.feed(data)
 
     async def _publish(self, frame: Publish[Event]) -> None:
-        """Sequence a publish frame's events, letting subscribers drain every so often.
+        """Sequence a publish frame's events, all or none.
 
-        One frame can carry thousands of small events; publishing them in one
-        go would land them all in every subscriber's buffer before any of them
-        gets to send.
+        Every event is checked before any is published. One frame can carry
+        thousands of small events; publishing them in one go would land them
+        all in every subscriber's buffer before any of them gets to send, so
+        subscribers drain every so often.
         """
-        for index, outgoing in enumerate(frame.events):
-            try:
-                self.daemon.publish_from_client(outgoing, source=self.name)
-            except PublishRejected as exc:
-                self._queue(Error(code=INVALID_EVENT, message=f"events[{index}]: {exc}"))
+        events = frame.events
+        for index, outgoing in enumerate(events):
+            refusal = self.daemon.client_refusal(outgoing)
+            if refusal is not None:
+                self.daemon.counters.rejected_events += len(events)
+                message = (
+                    f"events[{index}]: {refusal}; none of the frame's {len(events)} events "
+                    "was published"
+                )
+                self._queue(Error(code=INVALID_EVENT, message=message))
+                return
+        for outgoing in events:
+            self.daemon.publish_from_client(outgoing, source=self.name)
             self._unyielded += 1
             if self._unyielded >= _YIELD_EVERY:  # counted across frames: small ones add up
                 self._unyielded = 0
@@ -318,35 +416,11 @@ class Connection:
             await journal.room()
 
     def _protocol_error(self, exc: ProtocolError) -> None:
-        if exc.op == "request" and exc.ref is not None:
+        if exc.op in ("request", "publish", "ingest") and exc.ref is not None:  # ref: id, ack
             error = ErrorInfo(code=exc.code, message=exc.message)
             self._queue(Reply(id=exc.ref, ok=False, error=error), reply=True)
         else:
             self._queue(exc.to_frame())
-
-    def _handle(self, frame: Any) -> None:
-        if isinstance(frame, Subscribe):
-            self._subscribe(frame)
-        elif isinstance(frame, Request):
-            self._request(frame)
-        elif isinstance(frame, Ping):
-            self._queue(Pong(nonce=frame.nonce))
-        elif isinstance(frame, Unsubscribe):
-            sub = self._subs.pop(frame.id, None)
-            if sub is None:
-                self._queue(
-                    Error(
-                        code=UNKNOWN_SUBSCRIPTION,
-                        message=f"no subscription {frame.id}",
-                        ref=frame.id,
-                    )
-                )
-            else:
-                self._drop(sub)
-        elif isinstance(frame, Ingest):
-            self._ingest(frame)
-        elif isinstance(frame, Hello):
-            self._queue(Error(code=BAD_HANDSHAKE, message="hello was already received"))
 
     # -- ingest ------------------------------------------------------------------
 
@@ -375,33 +449,43 @@ class Connection:
     def _finish_translators(self) -> None:
         """A connection that ends mid-stream still gets its streams finished."""
         now = trio.current_time()
-        for (sdk, _), translator in self._translators.items():
-            for emitted in translator.finish(now):
-                self.daemon.publish_emitted(emitted, source=f"{self.name}/{sdk}")
-        self._translators.clear()
+        translators, self._translators = self._translators, {}
+        for (sdk, _), translator in translators.items():
+            try:
+                for emitted in translator.finish(now):
+                    self.daemon.publish_emitted(emitted, source=f"{self.name}/{sdk}")
+            except Exception as exc:  # a plugin's translator: this connection's failure
+                self._failed(exc, f"finishing its {sdk!r} stream")
 
     # -- subscriptions -----------------------------------------------------------
 
     def _subscribe(self, frame: Subscribe) -> None:
-        old = self._subs.pop(frame.id, None)
-        if old is not None:
-            self._drop(old)
-        elif len(self._subs) >= self.daemon.config.max_subscriptions:
+        """Make subscription ``frame.id``, replacing a live one; a refused one changes nothing."""
+        sub_id = frame.id
+        old = self._subs.get(sub_id)
+        if old is None and len(self._subs) >= self.daemon.config.max_subscriptions:
             self._queue(
                 Error(
                     code=TOO_MANY_SUBSCRIPTIONS,
                     message=f"at most {self.daemon.config.max_subscriptions} subscriptions",
-                    ref=frame.id,
+                    ref=sub_id,
                 )
             )
             return
-        sub_id = frame.id
 
         async def send(batch: list[Envelope[Event]]) -> None:
-            await self._send_events(sub_id, [e.seq for e in batch], self.daemon.raws(batch))
+            since = _batch_since(dispatcher, batch)
+            self._since[sub] = since
+            await self._send_events(sub, [e.seq for e in batch], self.daemon.raws(batch), since)
+            self._since.pop(sub, None)  # not on failure: its resume point stays
 
         def send_nowait(batch: list[Envelope[Event]]) -> bool:
-            return self._send_events_nowait(sub_id, batch)
+            # Called by the flusher's task or a publisher's: a failure is ours, not theirs.
+            try:
+                return self._send_events_nowait(sub, batch, _batch_since(dispatcher, batch))
+            except Exception as exc:
+                self._failed(exc, f"delivering to subscription {sub_id}")
+                return True
 
         flusher = self.daemon.flusher
         direct = flusher.running
@@ -427,11 +511,16 @@ class Connection:
         except InvalidPattern as exc:
             self._queue(Error(code=INVALID_PATTERN, message=str(exc), ref=sub_id))
             return
+        sub.on_error = partial(self._failed, what=f"adding to subscription {sub_id}")
+        if old is not None:
+            del self._subs[sub_id]
+            self._drop(old)
         resume: Resume | None = None
         if frame.since_seq is not None:
             # Synchronous from here to add_subscription: nothing is missed or doubled.
             # Live events wait in the dispatcher until the replay is queued.
             resume = self.daemon.replay(sub, frame.since_seq)
+            self._since[sub] = 0 if resume.ahead else resume.since_seq
             if resume.ahead:
                 message = (
                     f"since_seq {frame.since_seq} is past this daemon's head {resume.head_seq} "
@@ -443,41 +532,59 @@ class Connection:
         self.daemon.add_subscription(sub)
         self._subs[sub_id] = sub
         assert self._nursery is not None
-        self._nursery.start_soon(self._deliver, sub, resume)
+        what = f"delivering to subscription {sub_id}"
+        self._nursery.start_soon(self._guarded, partial(self._deliver, sub, resume), what)
+
+    def _live(self, sub: Subscription) -> bool:
+        """Still subscribed: not unsubscribed, replaced or dropped meanwhile."""
+        return self._subs.get(sub.id) is sub and not self._closing
 
     async def _deliver(self, sub: Subscription, resume: Resume | None) -> None:
         """Replay first (journal, then ring, with backpressure), then live batches."""
         if resume is not None:
             if resume.journal is not None:
                 await self._replay_journal(sub, resume.journal)
-            if resume.raws and self._subs.get(sub.id) is sub:
-                await self._send_events(sub.id, resume.seqs, resume.raws)
+            if resume.raws and self._live(sub):
+                await self._send_events(sub, resume.seqs, resume.raws, self._since[sub])
+            self._since.pop(sub, None)
+        if not self._live(sub):
+            return  # its dispatcher is closed, or is about to be: it never runs
         await sub.dispatcher.run()
-        overflow = sub.dispatcher.overflow
-        if overflow is not None and self._subs.get(sub.id) is sub:
-            self._slow_consumer(overflow.resume_seq)
+        if sub.dispatcher.overflow is not None and self._live(sub):
+            self._slow_consumer()
 
     async def _replay_journal(self, sub: Subscription, span: JournalSpan) -> None:
         """What the ring no longer holds, read from the journal page by page, gaps in place."""
         items = span.read(sub.wants_row, sub.wants, sessions=_sorted(sub.sessions))
         async with contextlib.aclosing(items):
             async for item in items:
-                if self._subs.get(sub.id) is not sub or self._closing:
-                    return  # unsubscribed or replaced meanwhile
+                if not self._live(sub):
+                    return
                 if isinstance(item, Missing):
                     self._queue(Gap(sub=sub.id, from_seq=item.from_seq, to_seq=item.to_seq))
+                    self._since[sub] = max(self._since[sub], item.to_seq)
                 else:
-                    await self._send_events(sub.id, item.seqs, item.raws)
+                    await self._send_events(sub, item.seqs, item.raws, self._since[sub])
+
+    def _unsubscribe(self, frame: Unsubscribe) -> None:
+        sub = self._subs.pop(frame.id, None)
+        if sub is None:
+            message = f"no subscription {frame.id}"
+            self._queue(Error(code=UNKNOWN_SUBSCRIPTION, message=message, ref=frame.id))
+        else:
+            self._drop(sub)
 
     def _drop(self, sub: Subscription) -> None:
         self.daemon.remove_subscription(sub)
         sub.dispatcher.close_nowait()
+        self._since.pop(sub, None)
 
     # -- requests ----------------------------------------------------------------
 
     def _request(self, frame: Request) -> None:
+        """Answer a request; one that fails unexpectedly gets ``internal_error``, and we go on."""
         limit = self.daemon.config.max_requests
-        if self._replies >= limit:
+        if self._outbox.replies >= limit:
             error = ErrorInfo(
                 code=TOO_MANY_REQUESTS,
                 message=f"more than {limit} replies are waiting to be read",
@@ -485,107 +592,58 @@ class Connection:
             self._queue(Reply(id=frame.id, ok=False, error=error), reply=True)
             return
         try:
-            result = self._answer(frame.command)
-        except _Failed as failed:
-            error = ErrorInfo(code=failed.code, message=str(failed))
-            self._queue(Reply(id=frame.id, ok=False, error=error), reply=True)
+            result = answer(self.daemon, frame.command, by=self.name)
+            self._queue(Reply(id=frame.id, ok=True, result=result), reply=True)
             return
-        self._queue(Reply(id=frame.id, ok=True, result=result), reply=True)
-
-    def _answer(self, command: object) -> Any:
-        daemon = self.daemon
-        if isinstance(command, Status):
-            return daemon.status()
-        if isinstance(command, Sessions):
-            return daemon.sessions.list(command.limit)
-        if isinstance(command, Snapshot):
-            snapshot = daemon.sessions.snapshot(
-                command.session_id, stats=daemon.session_stats(command.session_id)
-            )
-            if snapshot is None:
-                raise _Failed(UNKNOWN_SESSION, f"no session {command.session_id!r}")
-            return snapshot
-        if isinstance(command, Stats):
-            stats = daemon.stats(command.session_id)
-            if stats is None:
-                raise _Failed(UNKNOWN_SESSION, f"no stats for session {command.session_id!r}")
-            return stats
-        if isinstance(command, StartRun):
-            try:
-                state = daemon.runs.start(
-                    adapter=command.adapter,
-                    prompt=command.prompt,
-                    started_by=self.name,
-                    session_id=command.session_id,
-                    model=command.model,
-                    system_prompt=command.system_prompt,
-                    cwd=command.cwd,
-                    permission_mode=command.permission_mode,
-                    max_turns=command.max_turns,
-                    options=command.options,
-                    driver=command.driver,
-                )
-            except RunRejected as exc:
-                raise _Failed(exc.code, str(exc)) from None
-            return {"run_id": state.run_id, "session_id": state.request.session_id}
-        if isinstance(command, CancelRun):
-            try:
-                state = daemon.runs.cancel(command.run_id, by=self.name, reason=command.reason)
-            except RunRejected as exc:
-                raise _Failed(exc.code, str(exc)) from None
-            return state.summary()
-        if isinstance(command, PermissionReply):
-            try:
-                decision = daemon.broker.reply(
-                    command.request_id,
-                    by=self.name,
-                    option_id=command.option_id,
-                    allow=command.allow,
-                    reason=command.reason,
-                )
-            except PermissionRejected as exc:
-                raise _Failed(exc.code, str(exc)) from None
-            return msgspec.to_builtins(decision)
-        if isinstance(command, Runs):
-            return daemon.runs.runs()
-        raise _Failed(UNKNOWN_COMMAND, f"unknown command {type(command).__name__}")
+        except Failed as failed:
+            error = ErrorInfo(code=failed.code, message=str(failed))
+        except ProtocolError as exc:  # the answer does not fit a frame
+            error = ErrorInfo(code=exc.code, message=f"the answer is too large: {exc.message}")
+        except Exception as exc:  # a request changes nothing of this connection: go on
+            self._internal_error(exc, f"answering request {frame.id}")
+            message = f"the daemon failed answering this request ({type(exc).__name__})"
+            error = ErrorInfo(code=INTERNAL_ERROR, message=message)
+        self._queue(Reply(id=frame.id, ok=False, error=error), reply=True)
 
     # -- writing -----------------------------------------------------------------
 
     def _queue(self, frame: Frame, *, reply: bool = False) -> None:
-        self._push(_Out(self._encoder.encode(frame), reply=reply))
+        self._outbox.push(Out(self._encoder.encode(frame), reply=reply))
 
-    async def _send_events(self, sub_id: int, seqs: list[int], raws: list[msgspec.Raw]) -> None:
+    async def _send_events(
+        self, sub: Subscription, seqs: list[int], raws: list[msgspec.Raw], since: int
+    ) -> None:
         """Events frames for ``raws`` (split under the frame cap), waiting for outbox room.
 
         A subscriber that reads keeps the outbox under ``outbound_cap``; one
         that does not makes this wait, while its subscription keeps
-        coalescing, until its buffer overflows too: then it is a slow consumer.
-        Each frame remembers the seq of its first event, so a client dropped
-        with frames still queued is told to resume before the oldest of them.
+        coalescing, until its buffer overflows too: then it is a slow
+        consumer. Frames are split to fit the cap too (an envelope larger
+        than it goes alone). ``since`` is the resume point before the first
+        of them; each frame remembers it, and ``_since[sub]`` (when tracked)
+        follows what is queued.
         """
-        cap = self.daemon.config.max_frame - _EVENTS_OVERHEAD
-        limit = self.daemon.config.outbound_cap
+        config = self.daemon.config
+        frame_cap = config.max_frame - _EVENTS_OVERHEAD
+        split = min(frame_cap, config.outbound_cap - _EVENTS_OVERHEAD)
         start = 0
         while start < len(raws) and not self._closing:
-            if len(raws[start]) > cap:
-                self._too_large(sub_id, seqs[start], len(raws[start]))
-                start += 1
-                continue
-            end, size = start, 0
-            while end < len(raws) and size + len(raws[end]) <= cap:
-                size += len(raws[end])
-                end += 1
-            data = self._encoder.encode(Events(sub=sub_id, events=raws[start:end]))
-            while self._out_bytes + self._inflight_bytes + len(data) > limit and (
-                self._out or self._inflight
-            ):
-                self._progress = trio.Event()
-                await self._progress.wait()
-                if self._closing:
+            if len(raws[start]) > frame_cap:
+                self._too_large(sub.id, seqs[start], len(raws[start]))
+            else:
+                end, size = start + 1, len(raws[start])
+                while end < len(raws) and size + len(raws[end]) <= split:
+                    size += len(raws[end])
+                    end += 1
+                data = self._encoder.encode(Events(sub=sub.id, events=raws[start:end]))
+                if not await self._outbox.room(len(data)):
                     return
-            self._push(_Out(data, seqs[start]))
-            start = end
+                self._outbox.push(Out(data, since))
+                start = end - 1
+            since = seqs[start]
+            start += 1
+            if sub in self._since:
+                self._since[sub] = since
 
     def _too_large(self, sub_id: int, seq: int, size: int) -> None:
         """An envelope no events frame can carry (an event published right at the cap)."""
@@ -596,7 +654,9 @@ class Connection:
         logger.warning("%s: %s", self.name, message)
         self._queue(Error(code=FRAME_TOO_LARGE, message=message, ref=sub_id))
 
-    def _send_events_nowait(self, sub_id: int, batch: list[Envelope[Event]]) -> bool:
+    def _send_events_nowait(
+        self, sub: Subscription, batch: list[Envelope[Event]], since: int
+    ) -> bool:
         """:meth:`_send_events` for a batch that fits one frame and the outbox: no waiting.
 
         ``False`` when it would have to split or wait; the async path does that.
@@ -605,89 +665,26 @@ class Connection:
             return True  # as the async path: nothing goes out any more
         raws = self.daemon.raws(batch)
         size = sum(map(len, raws)) + _EVENTS_OVERHEAD  # at most: checked before encoding
-        if size > self.daemon.config.max_frame:
+        if size > self.daemon.config.max_frame or not self._outbox.fits(size):
             return False
-        if (self._out or self._inflight) and (
-            self._out_bytes + self._inflight_bytes + size > self.daemon.config.outbound_cap
-        ):
-            return False
-        self._push(_Out(self._encoder.encode(Events(sub=sub_id, events=raws)), batch[0].seq))
+        self._outbox.push(Out(self._encoder.encode(Events(sub=sub.id, events=raws)), since))
         return True
 
-    def _push(self, out: _Out) -> None:
-        if self._closing:
-            return
-        if self._writer_parked and not self._out and self._fd is not None:
-            data = out.data
-            try:
-                written = os.write(self._fd, data)
-            except BlockingIOError:
-                written = 0
-            except OSError:  # the peer is gone: as the writer does
-                self._writer_broke()
-                return
-            if written == len(data):
-                return
-            out = _Out(data[written:], out.first_seq, reply=out.reply)  # the writer goes on
-        self._out.append(out)
-        self._out_bytes += len(out.data)
-        if out.reply:
-            self._replies += 1
-        if self._out_bytes + self._inflight_bytes > 2 * self.daemon.config.outbound_cap:
-            self._slow_consumer()  # a client that asks and asks but never reads
-        self._out_ready.set()
-
-    def _slow_consumer(self, overflowed_at: int | None = None) -> None:
+    def _slow_consumer(self) -> None:
         """The client cannot keep up: drop what is queued, say where to resume, close."""
-        pending = [o.first_seq for o in (*self._inflight, *self._out) if o.first_seq is not None]
-        pending += [
-            seq for sub in self._subs.values() if (seq := sub.dispatcher.pending_seq()) is not None
-        ]
-        if overflowed_at is not None:
-            pending.append(overflowed_at)
-        resume = min(pending) - 1 if pending else self.daemon.bus.head_seq
+        goodbye = self._goodbye(SLOW_CONSUMER, outbox_delivered=False)
         self.daemon.counters.slow_consumer_disconnects += 1
-        logger.warning("%s: slow consumer, disconnected (resume after seq %d)", self.name, resume)
-        self._out.clear()
-        self._out_bytes = 0
+        logger.warning(
+            "%s: slow consumer, disconnected (resume after seq %d)", self.name, goodbye.resume_seq
+        )
+        self._outbox.drop_queued()
         for sub in self._subs.values():
             self._drop(sub)
         self._subs.clear()
-        self._close_with(Goodbye(reason=SLOW_CONSUMER, resume_seq=resume))
+        self._close_with(goodbye)
 
-    def _writer_broke(self) -> None:
-        """The client is gone: stop reading, release anyone waiting for room."""
-        self._closing = True
-        self._reader_scope.cancel()
-        self._progress.set()
-        self._out_ready.set()
 
-    async def _writer(self) -> None:
-        try:
-            while True:
-                if not self._out:
-                    if self._closing:
-                        return
-                    self._out_ready = trio.Event()
-                    self._writer_parked = True
-                    try:
-                        await self._out_ready.wait()
-                    finally:
-                        self._writer_parked = False
-                    continue
-                batch = list(self._out)
-                self._out.clear()
-                self._inflight = batch
-                self._inflight_bytes = self._out_bytes
-                self._out_bytes = 0
-                try:
-                    await self.stream.send_all(b"".join(o.data for o in batch))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._writer_broke()
-                    return
-                self._replies -= sum(1 for o in batch if o.reply)
-                self._inflight = []
-                self._inflight_bytes = 0
-                self._progress.set()
-        finally:
-            self._writer_done.set()
+def _batch_since(dispatcher: BatchDispatcher, batch: list[Envelope[Event]]) -> int:
+    """The resume point before a batch the dispatcher is handing over: before its first event."""
+    first = dispatcher.pending_seq()
+    return (first if first is not None else batch[0].seq) - 1

@@ -21,6 +21,8 @@ The rules (written for users in ``docs/operations.md``):
   no lock). Anything that is not a socket is refused and left alone.
 - **Permissions at birth.** ``bind`` runs under ``umask 0177``, so the socket
   is 0600 from its first instant.
+- **Listen queue.** As long as the kernel allows (``net.core.somaxconn``),
+  so a burst of clients waits to be accepted instead of being refused.
 - **Cleanup.** On exit the socket file is removed only if it is still the
   one we bound (same ``st_dev``/``st_ino``), then the lock file is removed
   while still held.
@@ -41,7 +43,7 @@ from typing import Self, TypeAlias
 
 from ..wire.address import EndpointError, peer_credentials, resolve_socket_path
 
-__all__ = ["AlreadyRunning", "Endpoint", "lock_path_for"]
+__all__ = ["AlreadyRunning", "Endpoint", "lock_path_for", "system_backlog"]
 
 logger = logging.getLogger("busd.endpoint")
 
@@ -56,6 +58,14 @@ class AlreadyRunning(EndpointError):
         super().__init__(f"busd is already running on {path}: {who} {detail}")
         self.path = path
         self.pid = pid
+
+
+def system_backlog() -> int:
+    """The longest listen queue the kernel grants (``net.core.somaxconn``)."""
+    try:
+        return int(Path("/proc/sys/net/core/somaxconn").read_text())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
 
 
 def lock_path_for(path: Path) -> Path:
@@ -93,8 +103,12 @@ class Endpoint:
         return self._sock_id is not None
 
     @classmethod
-    def bind(cls, path: str | os.PathLike[str], *, backlog: int = 128) -> Self:
+    def bind(cls, path: str | os.PathLike[str], *, backlog: int | None = None) -> Self:
         """Become the one instance serving ``path`` and listen on it.
+
+        The listen queue is as long as the system allows (``backlog=None``):
+        connections that arrive in a burst wait there to be accepted instead
+        of failing with ``EAGAIN``.
 
         :raises AlreadyRunning: another process holds the lock or listens on
             ``path``; nothing was changed.
@@ -115,7 +129,7 @@ class Endpoint:
                 os.umask(old_umask)
             st = os.stat(path, follow_symlinks=False)
             endpoint._sock_id = (st.st_dev, st.st_ino)
-            sock.listen(backlog)
+            sock.listen(system_backlog() if backlog is None else backlog)
         except BaseException as exc:
             endpoint.close()
             if isinstance(exc, OSError) and not isinstance(exc, EndpointError):

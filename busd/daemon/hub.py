@@ -90,6 +90,9 @@ class DaemonConfig:
     max_subscriptions: int = 64
     max_requests: int = 16
     max_connections_per_uid: int = 256
+    """Connections past their hello, per uid; the next hello gets ``too_many_connections``."""
+    max_handshakes_per_uid: int = 64
+    """Sockets per uid still waiting for their hello; a newer one closes the oldest."""
     window_ms_default: int = 16
     shutdown_grace: float = 2.0
     goodbye_timeout: float = 5.0
@@ -160,6 +163,7 @@ class Subscription:
         "connection_id",
         "dispatcher",
         "id",
+        "on_error",
         "owned_only",
         "patterns",
         "sessions",
@@ -183,6 +187,15 @@ class Subscription:
         self.dispatcher = dispatcher
         self._matches: dict[type[Event], bool] = {}
         self._names: dict[str, bool] = {}
+        self.on_error: Callable[[Exception], None] | None = None
+        """Told when adding an event failed unexpectedly: its connection ends."""
+
+    def failed(self, exc: Exception) -> None:
+        """Adding an event raised: the owner fails (the fan-out to the others goes on)."""
+        if self.on_error is not None:
+            self.on_error(exc)
+        else:
+            logger.error("subscription %d failed; dropped", self.id, exc_info=exc)
 
     def wants_row(self, name: str, session_id: str | None, run_id: str | None, stale: bool) -> bool:
         """:meth:`wants` for a journaled event, from its columns (no decoding)."""
@@ -227,6 +240,8 @@ class _Counters:
     slow_consumer_disconnects: int = 0
     protocol_errors: int = 0
     rejected_events: int = 0
+    internal_errors: int = 0
+    """Failures serving a connection: each ended that connection (or spoiled one reply)."""
 
 
 class Daemon:
@@ -429,15 +444,25 @@ class Daemon:
             self.publish(InternalError(where=f"adapter {source}", message=str(exc)))
             return None
 
+    def client_refusal(self, outgoing: Outgoing[Event]) -> str | None:
+        """Why a client may not publish this event (``None``: it may).
+
+        A connection asks this of every event of a ``publish`` frame before
+        publishing any of them: a frame is published whole or not at all.
+        """
+        name = event_type(outgoing.event)
+        if name.startswith("busd."):
+            return f"{name!r} events are derived by the daemon, not published"
+        return None
+
     def publish_from_client(self, outgoing: Outgoing[Event], *, source: str) -> Envelope[Event]:
         """A client's event: daemon-derived types are refused, everything else published."""
-        event = outgoing.event
-        name = event_type(event)
-        if name.startswith("busd."):
+        refusal = self.client_refusal(outgoing)
+        if refusal is not None:
             self.counters.rejected_events += 1
-            raise PublishRejected(f"{name!r} events are derived by the daemon, not published")
+            raise PublishRejected(refusal)
         return self.publish(
-            event,
+            outgoing.event,
             session_id=outgoing.session_id,
             run_id=outgoing.run_id,
             agent_id=outgoing.agent_id,
@@ -475,6 +500,9 @@ class Daemon:
                 subscription.dispatcher.add(envelope)
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 self._dead.append(subscription)  # its connection is going away
+            except Exception as exc:  # that subscription's connection fails, not this publish
+                self._dead.append(subscription)
+                subscription.failed(exc)
         if self._dead:
             for subscription in self._dead:
                 self.remove_subscription(subscription)
@@ -549,9 +577,13 @@ class Daemon:
         self._connections[self._next_client_id] = ("", "", uid)
         return self._next_client_id
 
-    def connection_identified(self, client_id: int, client: str, role: str) -> None:
+    def connection_identified(self, client_id: int, client: str, role: str) -> bool:
+        """Admit a connection that said hello; ``False`` when its uid has too many already."""
         uid = self._connections[client_id][2]
+        if self.connections_of(uid) >= self.config.max_connections_per_uid:
+            return False
         self._connections[client_id] = (client, role, uid)
+        return True
 
     def connection_closed(self, client_id: int) -> None:
         self._connections.pop(client_id, None)
@@ -559,7 +591,8 @@ class Daemon:
             self.remove_subscription(subscription)
 
     def connections_of(self, uid: int) -> int:
-        return sum(1 for _, _, u in self._connections.values() if u == uid)
+        """Connections of ``uid`` past their hello (those still in it are not counted)."""
+        return sum(1 for _, role, u in self._connections.values() if u == uid and role)
 
     # -- answers to requests ---------------------------------------------------
 
@@ -578,14 +611,16 @@ class Daemon:
         bus = self.bus.statistics()
         roles: dict[str, int] = {}
         for _, role, _ in self._connections.values():
-            roles[role] = roles.get(role, 0) + 1
+            if role:
+                roles[role] = roles.get(role, 0) + 1
         return {
             "server": __version__,
             "socket": self.socket_path,
             "uptime_s": round(time.time() - self.counters.started, 3),
             "head_seq": bus.head_seq,
             "events_per_s": round(self.events_per_second(), 1),
-            "clients": len(self._connections),
+            "clients": sum(roles.values()),
+            "handshakes": len(self._connections) - sum(roles.values()),
             "clients_by_role": roles,
             "subscriptions": len(self._subscriptions),
             "sessions": self.sessions.statistics().sessions,
@@ -594,6 +629,7 @@ class Daemon:
             "dropped_events": sum(s.dispatcher.statistics().dropped for s in self._subscriptions),
             "rejected_events": self.counters.rejected_events,
             "protocol_errors": self.counters.protocol_errors,
+            "internal_errors": self.counters.internal_errors,
             "handler_errors": bus.handler_errors,
             "history": msgspec.to_builtins(self.history.statistics()),
             "journal": None if self.journal is None else self.journal.statistics(),

@@ -81,6 +81,8 @@ __all__ = [
     "JournalReader",
     "JournalSpan",
     "Missing",
+    "NotJournaled",
+    "Published",
     "Retention",
     "SessionRecord",
     "parse_duration",
@@ -233,6 +235,60 @@ class JournalSpan:
             yield item
 
 
+def _merge(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Inclusive seq ranges, sorted, with overlapping and adjacent ones joined."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _ranges(ranges: Sequence[tuple[int, int]], most: int = 10) -> str:
+    """``11..310, 400`` for the log (the first ``most`` of them)."""
+    text = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in ranges[:most])
+    return text + (f" and {len(ranges) - most} more ranges" if len(ranges) > most else "")
+
+
+class NotJournaled(JournalError):
+    """Accepted events the journal does not hold: lost, or not written as the disk fails."""
+
+
+class Published:
+    """The seqs one connection has published, as a few ranges: what its acks answer for.
+
+    Past ``most`` ranges the two oldest join, with the span between them: an
+    ack may then blame a loss that was not this connection's, never miss one.
+    """
+
+    __slots__ = ("most", "ranges")
+
+    def __init__(self, most: int = 64) -> None:
+        self.most = most
+        self.ranges: list[tuple[int, int]] = []
+
+    def add(self, first: int, last: int) -> None:
+        """Seqs ``first..last`` were accepted while one of this connection's frames was handled."""
+        if first > last:
+            return
+        ranges = self.ranges
+        if ranges and first <= ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], max(last, ranges[-1][1]))
+        else:
+            ranges.append((first, last))
+            if len(ranges) > self.most:
+                ranges[0:2] = [(ranges[0][0], ranges[1][1])]
+
+
+def _overlap(
+    ours: Sequence[tuple[int, int]], lost: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The parts of ``ours`` inside ``lost``."""
+    return _merge([(max(a, c), min(b, d)) for a, b in ours for c, d in lost if a <= d and c <= b])
+
+
 # -- the Trio shell ------------------------------------------------------------------
 
 
@@ -293,6 +349,14 @@ class Journal:
         self._journaled = opened.next_seq - 1
         self._sessions_seq = opened.next_seq - 1
         self._reserved = 0 if self._journaled == 0 else self._journaled + max_pending
+        self._given = self._journaled  # the highest seq appended
+        self._reserve_at = self._reserved - self.high_water  # past it, append reserves ahead
+        self.unjournaled: list[tuple[int, int]] = []
+        """Seqs given but not journaled when it closed (the daemon then exits non-zero)."""
+        self._lost_log: list[tuple[int, int]] = []  # recorded lost in this life (for acks)
+        self._write_error: str | None = None  # why the last write failed, until one works
+        self._attempted = trio.Event()  # set (and replaced) after every write, good or not
+        self._closed = False
         self._behind = False  # dropping events until the next write
         self._failing = False
         self._stalled = False  # publishers waited max_wait in vain: stop holding them
@@ -331,6 +395,9 @@ class Journal:
 
     def append(self, envelope: Envelope[Event], raw: msgspec.Raw) -> None:
         """Queue one accepted envelope for the next write (never blocks, never fails)."""
+        seq = self._given = envelope.seq
+        if seq > self._reserve_at:
+            self._reserve_ahead(seq)
         pending = self._pending
         if len(pending) + len(self._flushing) >= self.max_pending:
             self._drop(envelope.seq)
@@ -341,6 +408,21 @@ class Journal:
             self._wake.set()
         elif n == self.batch_events:
             self._full.set()
+
+    def _reserve_ahead(self, seq: int) -> None:
+        """Seqs near what the database reserved (its writes are behind or fail): reserve more
+        in the lock file, so that not even a crash now gives a seq twice."""
+        target = seq + self.max_pending
+        if self.file.reserve_beside(target):
+            self._reserved = target
+            self._reserve_at = target - self.high_water
+            return
+        self._reserve_at = seq + max(self.high_water // 8, 1)  # try again a little later
+        logger.error(
+            "cannot reserve seqs in the lock file of %s: a crash now may give seqs after %d again",
+            self.path,
+            self._reserved,
+        )
 
     def _drop(self, seq: int) -> None:
         self._counters.lost += 1
@@ -392,6 +474,34 @@ class Journal:
         while self._journaled < seq:
             await self._written.wait()
 
+    async def durable(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Return once every seq in ``ranges`` is journaled (an acknowledged publish).
+
+        :raises NotJournaled: some of them were recorded lost (the disk fell
+            behind, or the daemon stopped without writing them), or the last
+            write failed and they wait for the next try.
+        """
+        if not ranges:
+            return
+        last = ranges[-1][1]
+        while True:
+            lost = _overlap(ranges, [*self._lost_log, *self._flushing_lost, *self._lost])
+            if lost:
+                raise NotJournaled(
+                    f"{sum(b - a + 1 for a, b in lost)} events (seqs {_ranges(lost)}) were "
+                    "delivered but not journaled"
+                )
+            if self._journaled >= last:
+                return
+            if self._write_error is not None:
+                raise NotJournaled(
+                    f"cannot write the journal now ({self._write_error}); the events wait for "
+                    "the next try"
+                )
+            if self._closed:
+                raise NotJournaled("the daemon stopped before it wrote them")
+            await self._attempted.wait()
+
     def _has_work(self) -> bool:
         return bool(self._pending or self._lost or self._flushing or self._flushing_lost)
 
@@ -420,6 +530,9 @@ class Journal:
             )
         except (sqlite3.Error, OSError) as exc:
             self._counters.write_errors += 1
+            self._write_error = str(exc)
+            self._attempted.set()
+            self._attempted = trio.Event()
             logger.error("cannot write the journal %s: %s", self.path, exc)
             if not self._failing:
                 self._failing = True
@@ -429,9 +542,15 @@ class Journal:
         self._stalled = False
         self._journaled = max(self._journaled, head)
         self._sessions_seq = max(self._sessions_seq, head)
-        self._reserved = reserved
+        self._reserved = max(self._reserved, reserved)
+        self._reserve_at = self._reserved - self.high_water
         self._written.set()
         self._written = trio.Event()
+        self._write_error = None
+        if lost:
+            self._lost_log = _merge([*self._lost_log, *lost])
+        self._attempted.set()
+        self._attempted = trio.Event()
         counters = self._counters
         counters.events += written.inserted
         counters.duplicates += len(batch) - written.inserted
@@ -461,7 +580,7 @@ class Journal:
                 with trio.move_on_at(prune_at):
                     await self._wake.wait()
                 continue
-            if self._reserved and len(self._pending) < self.batch_events:
+            if self._journaled and len(self._pending) < self.batch_events:
                 self._full = trio.Event()
                 with trio.move_on_after(self.interval):
                     await self._full.wait()
@@ -502,22 +621,50 @@ class Journal:
         return removed
 
     async def aclose(self) -> None:
-        """Write what is left, release the reservation and close (the daemon is stopping)."""
+        """Write what is left, release the reservation and close (the daemon is stopping).
+
+        What cannot be written (a full or failing disk) is recorded as lost
+        and the head set to the last seq given, so the next daemon starts
+        after it: in the database if a small transaction still works, else
+        in the lock file. The log says how many and which; ``unjournaled``
+        lists them (the daemon then exits non-zero).
+        """
         for _ in range(3):  # a failing disk gets a few tries, not forever
             if not self._has_work():
                 break
             await self.flush()  # reports published meanwhile are written by the next round
-        head = self._journaled
-        clean = not self._has_work()
+        unwritten = self._unwritten()
+        given = max(self._given, self._journaled)
 
-        def finish() -> None:
+        def finish() -> str:
             try:
-                if clean:
-                    self.file.release(head)
+                self.file.release(given, unwritten)
+                return f"recorded as lost in the journal; the next start continues after {given}"
+            except (sqlite3.Error, OSError) as exc:
+                logger.error("cannot record the stop in the journal %s: %s", self.path, exc)
+                if self.file.reserve_beside(given):
+                    return f"the next start skips them (reserved up to {given} in the lock file)"
+                return "nothing could record them: the next start may give these seqs again"
             finally:
                 self.file.close()
 
-        await trio.to_thread.run_sync(finish)
+        outcome = await trio.to_thread.run_sync(finish)
+        self.unjournaled = unwritten
+        self._lost_log = _merge([*self._lost_log, *unwritten])
+        self._closed = True
+        self._attempted.set()
+        if unwritten:
+            logger.error(
+                "%d events (seqs %s) were delivered but not journaled: %s",
+                sum(b - a + 1 for a, b in unwritten),
+                _ranges(unwritten),
+                outcome,
+            )
+
+    def _unwritten(self) -> list[tuple[int, int]]:
+        """Every seq queued or dropped and not written, as ranges."""
+        seqs = sorted(e.seq for e, _ in (*self._flushing, *self._pending))
+        return _merge([*self._flushing_lost, *self._lost, *((seq, seq) for seq in seqs)])
 
     # -- resuming --------------------------------------------------------------
 

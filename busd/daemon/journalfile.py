@@ -17,10 +17,8 @@ schema version and ``PRAGMA application_id`` says the file is busd's.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
 import os
-import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +31,9 @@ import msgspec
 from ..core.errors import BusdError
 from ..core.events import ContextUsage, Envelope, Event, StreamingStats, TokenUsage
 from ..core.sessions import SessionState, SessionStatus, SessionSummary
+from .journalcheck import Damaged, quick_check
+from .journallock import JournalLock, LockHeld
+from .journalunits import parse_duration, parse_size
 
 __all__ = [
     "APPLICATION_ID",
@@ -70,32 +71,6 @@ _WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint
 
 class JournalError(BusdError):
     """The journal cannot be used; the message says which file and why."""
-
-
-# -- units -----------------------------------------------------------------------
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-def parse_duration(text: str) -> float:
-    """``30d``, ``12h``, ``90m``, ``2w``, ``3600`` (seconds) -> seconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration such as 30d, 12h, 90m or 3600")
-    seconds = float(match[1]) * _DURATION_UNITS[(match[2] or "s").lower()]
-    return seconds
-
-
-def parse_size(text: str) -> int:
-    """``1GiB``, ``500MiB``, ``2G``, ``1048576`` -> bytes (K, M, G, T are powers of 1024)."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a size such as 1GiB, 500MiB or 1048576")
-    prefix = match[2].lower()
-    size = float(match[1]) * 1024 ** ("kmgt".index(prefix) + 1 if prefix else 0)
-    return int(size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,8 +251,8 @@ def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
 
 
-def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
-    """Create the schema in an empty file, or make sure the file is a journal we can read."""
+def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> bool:
+    """Create the schema in an empty file (``False``), or check it is a journal we read."""
     try:
         app = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -291,7 +266,7 @@ def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
         conn.execute("PRAGMA page_size = 8192")  # before WAL mode; fewer, fuller pages
         conn.execute("PRAGMA journal_mode = WAL")
         conn.executescript(_SCHEMA)
-        return
+        return False
     if app != APPLICATION_ID:
         raise JournalError(f"{path} is an SQLite database but not a busd journal")
     if version > SCHEMA_VERSION:
@@ -301,28 +276,18 @@ def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
         )
     if version < SCHEMA_VERSION:
         raise JournalError(f"{path} has journal schema {version}, which this busd cannot read")
+    return True
 
 
-def _lock(path: Path) -> int:
+def _lock(path: Path) -> JournalLock:
     """Hold ``PATH.lock``: one daemon writes a journal (readers need no lock)."""
-    lock_path = path.with_name(path.name + ".lock")
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        raise JournalError(f"cannot open {lock_path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            pid = int(os.pread(fd, 32, 0))
-        except ValueError:
-            pid = None
-        os.close(fd)
-        holder = f" (pid {pid})" if pid is not None else ""
+        return JournalLock.acquire(path)
+    except LockHeld as held:
+        holder = f" (pid {held.pid})" if held.pid is not None else ""
         raise JournalError(f"the journal {path} is in use by another busd{holder}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    except OSError as exc:
+        raise JournalError(f"cannot lock {path}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,14 +311,19 @@ class Written:
 class JournalFile:
     """The writer: one open, locked journal. Synchronous; call it from one thread at a time."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, lock_fd: int) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, lock: JournalLock) -> None:
         self.path = path
         self._conn = conn
-        self._lock_fd = lock_fd
+        self._lock = lock
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> JournalFile:
-        """Open (or create) the journal at ``path``; :class:`JournalError` if it cannot be."""
+    def open(cls, path: str | os.PathLike[str], *, check_within: float = 5.0) -> JournalFile:
+        """Open (or create) the journal at ``path``; :class:`JournalError` if it cannot be.
+
+        An existing file gets SQLite's ``quick_check`` first (at most
+        ``check_within`` seconds), so a damaged journal stops the daemon
+        before it serves anyone instead of failing every write later.
+        """
         path = Path(path)
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -361,16 +331,23 @@ class JournalFile:
             raise JournalError(f"cannot create {path.parent}: {exc.strerror or exc}") from None
         if path.exists() and not path.is_file():
             raise JournalError(f"the journal {path} exists and is not a file")
-        lock_fd = _lock(path)
+        lock = _lock(path)
         try:  # born 0600 (an empty file is an empty database); SQLite's -wal/-shm copy it
             os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         except OSError as exc:
-            os.close(lock_fd)
+            lock.close()
             raise JournalError(f"cannot create the journal {path}: {exc.strerror}") from None
         conn: sqlite3.Connection | None = None
         try:
             conn = _connect(path, read_only=False)
-            _check(conn, path, create=True)
+            if _check(conn, path, create=True):
+                try:
+                    quick_check(conn, within=check_within)
+                except Damaged as exc:
+                    raise JournalError(
+                        f"the journal {path} is damaged ({exc}): `busd journal recover "
+                        f"--journal {path}` keeps what is readable"
+                    ) from None
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
                 raise JournalError(f"{path}: SQLite cannot use WAL mode there ({mode})")
@@ -381,23 +358,27 @@ class JournalFile:
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
-            os.close(lock_fd)
+            lock.close()
             raise JournalError(f"cannot open the journal {path}: {exc}") from None
         except BaseException:
             if conn is not None:
                 conn.close()
-            os.close(lock_fd)
+            lock.close()
             raise
-        return cls(path, conn, lock_fd)
+        return cls(path, conn, lock)
 
     def _meta(self) -> dict[str, int]:
         return dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
 
     def recover(self, *, reserve: int, sessions: int) -> Opened:
-        """Account for an unclean stop, reserve seqs, and read back the latest sessions."""
+        """Account for an unclean stop, reserve seqs, and read back the latest sessions.
+
+        The last daemon's reservation is the higher of the database's and the
+        lock file's (written there when the database could not be).
+        """
         conn = self._conn
         meta = self._meta()
-        head, reserved = meta["head"], meta["reserved"]
+        head, reserved = meta["head"], max(meta["reserved"], self._lock.previous)
         crashed = (head + 1, reserved) if reserved > head else None
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -413,6 +394,7 @@ class JournalFile:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        self.reserve_beside(new_reserved)  # the database has it; this one is the fallback
         rows = conn.execute(
             f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY last_seq DESC LIMIT ?", (sessions,)
         ).fetchall()
@@ -468,9 +450,31 @@ class JournalFile:
             raise
         return Written(inserted, self.size())
 
-    def release(self, head: int) -> None:
-        """A clean stop: nothing past ``head`` was given, so the next daemon continues there."""
-        self._conn.execute("UPDATE meta SET value = ? WHERE key = 'reserved'", (head,))
+    def release(self, head: int, unwritten: Sequence[tuple[int, int]] = ()) -> None:
+        """A stop: nothing past ``head`` was given, so the next daemon continues there.
+
+        ``unwritten``: seqs given but not written (the disk failed), recorded
+        lost in the same small transaction, which may work where batches did not.
+        """
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany("INSERT OR REPLACE INTO lost VALUES (?, ?, 'unwritten')", unwritten)
+            conn.execute("UPDATE meta SET value = ? WHERE key IN ('head', 'reserved')", (head,))
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        self.reserve_beside(head)
+
+    def reserve_beside(self, seq: int) -> bool:
+        """Reserve up to ``seq`` in the lock file (no new block needed); ``False`` if it failed."""
+        try:
+            self._lock.reserve(seq)
+        except OSError:
+            return False
+        return True
 
     # -- retention ---------------------------------------------------------------
 
@@ -566,7 +570,7 @@ class JournalFile:
         with contextlib.suppress(sqlite3.Error):
             self._conn.execute("PRAGMA optimize")
         self._conn.close()
-        os.close(self._lock_fd)
+        self._lock.close()
 
 
 def _parameters(

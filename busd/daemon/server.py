@@ -1,12 +1,16 @@
 """The Unix-socket server: accept, check the peer, serve; stop gracefully.
 
 :class:`Server` accepts on a listening socket and runs one
-:class:`~busd.daemon.connection.Connection` per client in its nursery. Peers are
-checked with ``SO_PEERCRED`` before a byte is read: only the daemon's uid
-and root get in. :func:`serve` is what ``busd serve`` runs: it binds (or
-adopts a systemd socket), tells systemd when it is ready, and on SIGTERM or
-SIGINT flushes every subscription, says goodbye to every client and returns
-within the configured grace period.
+:class:`~busd.daemon.connection.Connection` per client in a nursery of
+connections, apart from the daemon's services. Peers are checked with
+``SO_PEERCRED`` before a byte is read: only the daemon's uid and root get in;
+a uid keeps a small number of sockets waiting for their hello, and its
+connection limit counts those past it.
+
+:func:`serve` is what ``busd serve`` runs: it binds (or adopts a systemd
+socket), tells systemd when it is ready, and on SIGTERM or SIGINT flushes
+every subscription, says goodbye to every client and returns within the
+configured grace period.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import trio
 
-from ..wire import FORBIDDEN, SHUTDOWN, TOO_MANY_CONNECTIONS, Error, encode_frame
+from ..wire import FORBIDDEN, SHUTDOWN, Error, encode_frame
 from ..wire.address import peer_allowed, peer_credentials
 from . import systemd
 from .connection import Connection, close_gracefully
@@ -34,7 +39,13 @@ logger = logging.getLogger("busd.server")
 
 
 class Server:
-    """Serves a :class:`Daemon` on a listening ``AF_UNIX`` socket."""
+    """Serves a :class:`Daemon` on a listening ``AF_UNIX`` socket.
+
+    The daemon's own services (journal, accounting, flusher, plugins) run in
+    one nursery and the connections in another inside it, as hypercorn
+    splits its lifespan and server nurseries: each connection is served
+    under its own guard, so no client's failure ever reaches the services.
+    """
 
     def __init__(self, daemon: Daemon, sock: socket.socket, *, uid: int | None = None) -> None:
         self.daemon = daemon
@@ -50,14 +61,14 @@ class Server:
         self._sock.setblocking(False)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(self._sock))
         self._listener = listener
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await nursery.start(self.daemon.run)
-            nursery.start_soon(self._accept_loop, listener)
-            task_status.started()
+        async with trio.open_nursery() as services:
+            self._nursery = services
+            await services.start(self.daemon.run)
+            async with trio.open_nursery() as connections:
+                connections.start_soon(self._accept_loop, listener, connections)
+                task_status.started()
 
-    async def _accept_loop(self, listener: trio.SocketListener) -> None:
-        assert self._nursery is not None
+    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
         while True:
             try:
                 stream = await listener.accept()
@@ -67,33 +78,33 @@ class Server:
                 logger.warning("accept failed: %s", exc)
                 await trio.sleep(0.1)
                 continue
-            self._nursery.start_soon(self._serve_client, stream)
+            connections.start_soon(self._serve_client, stream)
 
     async def _serve_client(self, stream: trio.SocketStream) -> None:
+        """One client from accept to close; nothing it raises reaches the server's nursery."""
+        try:
+            await self._admit_and_serve(stream)
+        except* Exception as failure:  # a connection contains its own: this is the backstop
+            self.daemon.counters.internal_errors += 1
+            logger.error("a connection failed; it is closed, the daemon goes on", exc_info=failure)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    async def _admit_and_serve(self, stream: trio.SocketStream) -> None:
         creds = peer_credentials(stream.socket)
-        refusal: Error | None = None
         if not peer_allowed(creds, server_uid=self._uid):
             refusal = Error(
                 code=FORBIDDEN,
                 message=f"uid {creds.uid} may not use this daemon (it serves uid {self._uid})",
                 fatal=True,
             )
-        elif self.daemon.connections_of(creds.uid) >= self.daemon.config.max_connections_per_uid:
-            refusal = Error(
-                code=TOO_MANY_CONNECTIONS,
-                message=(
-                    f"uid {creds.uid} already has "
-                    f"{self.daemon.config.max_connections_per_uid} connections"
-                ),
-                fatal=True,
-            )
-        if refusal is not None:
             logger.warning("refused pid %d uid %d: %s", creds.pid, creds.uid, refusal.code)
             with trio.move_on_after(1.0):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await stream.send_all(encode_frame(refusal))
             await close_gracefully(stream)
             return
+        self._make_room(creds.uid)
         connection = Connection(self.daemon, stream, uid=creds.uid)
         self._connections.add(connection)
         try:
@@ -103,6 +114,23 @@ class Server:
             if not self._connections:
                 self._drained.set()
 
+    def _make_room(self, uid: int) -> None:
+        """Keep fewer than ``max_handshakes_per_uid`` of a uid's sockets waiting for hello.
+
+        The oldest waiting ones are closed for the newcomer: sockets that
+        never say hello cannot lock out a client that does.
+        """
+        allowance = self.daemon.config.max_handshakes_per_uid
+        waiting = sorted(
+            (c for c in self._connections if c.uid == uid and c.in_handshake),
+            key=lambda c: c.client_id,
+        )
+        for connection in waiting[: max(0, len(waiting) - allowance + 1)]:
+            connection.evict(
+                f"closed for a newer connection: uid {uid} has {allowance} sockets "
+                "waiting to say hello"
+            )
+
     @property
     def connections(self) -> int:
         return len(self._connections)
@@ -110,16 +138,17 @@ class Server:
     async def shutdown(self, reason: str = SHUTDOWN) -> None:
         """Stop accepting, flush and say goodbye to everyone, then stop everything.
 
-        Bounded by the daemon's ``shutdown_grace``: whoever is not done by
-        then is cut off.
+        Bounded by the daemon's ``shutdown_grace``: each goodbye flushes for
+        a second at most, then waits for its client to read it; whoever is
+        not done by the deadline is cut off.
         """
         deadline = trio.current_time() + self.daemon.config.shutdown_grace
         if self._listener is not None:
             await self._listener.aclose()
+        async with trio.open_nursery() as nursery:  # each goodbye bounds its own flush
+            for connection in list(self._connections):
+                nursery.start_soon(partial(connection.goodbye, reason, deadline=deadline))
         with trio.move_on_at(deadline):
-            async with trio.open_nursery() as nursery:
-                for connection in list(self._connections):
-                    nursery.start_soon(connection.goodbye, reason)
             if self._connections:  # each closes its stream on the way out
                 self._drained = trio.Event()
                 await self._drained.wait()

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any, Generic, Literal, TypeVar, Union, get_args, get_origin
 
 import msgspec
+import msgspec.inspect as mi
 
 from ..core.catalog import Catalog
 from ..core.events import Envelope
@@ -139,12 +140,118 @@ class _Probe(msgspec.Struct):
     op: Any = None
     id: Any = None
     sub: Any = None
+    ack: Any = None
     command: Any = None
 
 
 _PROBE = msgspec.msgpack.Decoder(_Probe)
 _DECODE_ERRORS = (msgspec.DecodeError, ValueError, RecursionError)  # what hostile bytes raise
 _COMMAND_TAGS = frozenset(str(cls.__struct_config__.tag) for cls in COMMANDS)
+
+# The first byte of every msgpack bin (c4-c6), ext (c7-c9) and fixext (d4-d8)
+# value: a body without any of them holds none, and needs no walk. (Deleting
+# them and comparing lengths is a C loop; a regex search is ten times slower.)
+_NOT_JSON_MARKERS = bytes([*range(0xC4, 0xCA), *range(0xD4, 0xD9)])
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+_OPEN_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _open_fields(cls: type) -> tuple[str, ...]:
+    """The fields of struct ``cls`` that may hold an ``Any`` value (or a struct that may)."""
+    fields = _OPEN_FIELDS.get(cls)
+    if fields is None:
+        info = mi.type_info(cls)
+        assert isinstance(info, mi.StructType)
+        fields = _OPEN_FIELDS[cls] = tuple(f.name for f in info.fields if _may_hold_any(f.type))
+    return fields
+
+
+def _may_hold_any(t: mi.Type) -> bool:
+    match t:
+        case mi.AnyType() | mi.StructType() | mi.CustomType():
+            return True
+        case mi.UnionType(types=members) | mi.TupleType(item_types=members):
+            return any(_may_hold_any(m) for m in members)
+        case mi.CollectionType(item_type=item):
+            return _may_hold_any(item)
+        case (
+            mi.DictType(key_type=key, value_type=value)
+            | mi.FrozenDictType(key_type=key, value_type=value)
+        ):
+            return _may_hold_any(key) or _may_hold_any(value)
+    return False
+
+
+def _json_like(frame: object) -> bool:
+    """Whether ``frame`` holds no value msgpack has and JSON lacks (binary, extension, timestamp).
+
+    Only the ``Any`` parts of a frame can hold one (the typed fields were
+    validated by the decoder), so only those are walked; :func:`_not_json_path`
+    then says where, the rare time it matters.
+    """
+    stack = [frame]
+    pop, push, known = stack.pop, stack.append, _OPEN_FIELDS.get
+    while stack:
+        value = pop()
+        kind = type(value)
+        if kind in _JSON_SCALARS:
+            continue
+        fields = known(kind)
+        if fields is None and isinstance(value, msgspec.Struct):
+            fields = _open_fields(kind)
+        if fields is not None:
+            for name in fields:
+                push(getattr(value, name))
+        elif kind is dict:
+            assert isinstance(value, dict)
+            if any(type(key) not in _JSON_SCALARS for key in value):
+                return False
+            stack.extend(value.values())
+        elif kind is list or kind is tuple:
+            assert isinstance(value, list | tuple)
+            stack.extend(value)
+        else:
+            return False  # bytes, msgspec.msgpack.Ext, datetime
+    return True
+
+
+def _not_json_path(frame: object) -> str:
+    """Where :func:`_json_like` found a value JSON lacks (a JSON path)."""
+    stack: list[tuple[object, str]] = [(frame, "$")]
+    while stack:
+        value, path = stack.pop()
+        kind = type(value)
+        if kind in _JSON_SCALARS:
+            continue
+        if kind is dict:
+            assert isinstance(value, dict)
+            for key, item in value.items():
+                if type(key) not in _JSON_SCALARS:
+                    return f"{path} (a key)"
+                stack.append((item, f"{path}.{key}"))
+        elif kind is list or kind is tuple:
+            assert isinstance(value, list | tuple)
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
+        elif isinstance(value, msgspec.Struct):
+            stack.extend((getattr(value, n), f"{path}.{n}") for n in _open_fields(type(value)))
+        else:
+            return path  # bytes, msgspec.msgpack.Ext, datetime
+    return "$"
+
+
+def _refuse_not_json(frame: object, path: str) -> ProtocolError:
+    op = frame_op(frame) if isinstance(frame, Frame) else type(frame).__name__
+    ref = _int_or_none(getattr(frame, "ack" if op in _ACKED else "id", None))
+    why = f"a binary or extension value at `{path}` (only JSON-like values are allowed)"
+    if op == "publish":
+        message = f"invalid event in publish frame: {why}"
+        return ProtocolError(INVALID_EVENT, message, ref=ref, op=op)
+    return ProtocolError(MALFORMED_FRAME, f"invalid {op} frame: {why}", ref=ref, op=op)
+
+
+_ACKED = frozenset({"publish", "ingest"})  # their ref is the ack id they asked for
 
 
 def _int_or_none(value: object) -> int | None:
@@ -162,14 +269,31 @@ class FrameDecoder(Generic[F]):
     buffered, the frames before it are still returned, and then every call
     raises the fatal ``frame_too_large`` error. The outcome depends only on
     the bytes, never on how they were chunked.
+
+    ``json_like`` (the server's side): a frame whose ``Any`` values hold
+    msgpack's binary, extension or timestamp values, which the protocol
+    excludes, is refused like one that does not fit its schema
+    (``invalid_event`` in a ``publish``, else ``malformed_frame``).
     """
 
-    __slots__ = ("_buffer", "_decoder", "_fatal", "_next_prefix", "_ops", "_pos", "max_frame")
+    __slots__ = (
+        "_buffer",
+        "_decoder",
+        "_fatal",
+        "_json_like",
+        "_next_prefix",
+        "_ops",
+        "_pos",
+        "max_frame",
+    )
 
-    def __init__(self, frame_type: Any, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(
+        self, frame_type: Any, *, max_frame: int = DEFAULT_MAX_FRAME, json_like: bool = False
+    ) -> None:
         if not 0 <= max_frame <= _MAX_LENGTH:
             raise ValueError(f"max_frame must be in [0, 2**32 - 1], not {max_frame}")
         self.max_frame = max_frame
+        self._json_like = json_like
         self._decoder: msgspec.msgpack.Decoder[F] = msgspec.msgpack.Decoder(frame_type)
         self._ops = _tags_of(frame_type)
         self._buffer = bytearray()
@@ -239,10 +363,13 @@ class FrameDecoder(Generic[F]):
         else:
             self._pos = end
         try:
-            return self._decoder.decode(body)
+            frame = self._decoder.decode(body)
         except _DECODE_ERRORS as exc:
-            failure = exc
-        return self._recover(body, failure)
+            return self._recover(body, exc)
+        json_like = not self._json_like or len(body.translate(None, _NOT_JSON_MARKERS)) == len(body)
+        if not json_like and not _json_like(frame):
+            raise _refuse_not_json(frame, _not_json_path(frame))
+        return frame
 
     def __iter__(self) -> Iterator[F]:
         return self
@@ -278,7 +405,9 @@ class FrameDecoder(Generic[F]):
             return ProtocolError(MALFORMED_FRAME, f"malformed frame: {exc}")
         if op not in self._ops:
             return ProtocolError(UNKNOWN_FRAME, f"unknown frame op {op!r}", op=op)
-        ref = _int_or_none(probe.sub if op in ("events", "gap") else probe.id)
+        ref = _int_or_none(
+            probe.sub if op in ("events", "gap") else probe.ack if op in _ACKED else probe.id
+        )
         if op == "request" and isinstance(probe.command, dict):
             cmd = probe.command.get("cmd")
             if isinstance(cmd, str) and cmd not in _COMMAND_TAGS:
@@ -303,9 +432,9 @@ def _tags_of(frame_type: Any) -> frozenset[str]:
 def client_frame_decoder(
     catalog: Catalog, *, max_frame: int = DEFAULT_MAX_FRAME
 ) -> FrameDecoder[ClientFrame]:
-    """A decoder of client → server frames (the server's side of a connection)."""
+    """A decoder of client → server frames (the server's side of a connection), JSON-like."""
     frame_type = _parametrized(CLIENT_FRAMES, Publish, catalog.union())
-    return FrameDecoder(frame_type, max_frame=max_frame)
+    return FrameDecoder(frame_type, max_frame=max_frame, json_like=True)
 
 
 def server_frame_decoder(

@@ -34,11 +34,12 @@ __all__ = [
     "FORBIDDEN",
     "FRAME_TOO_LARGE",
     "HANDSHAKE_TIMEOUT",
-    "INTERNAL",
+    "INTERNAL_ERROR",
     "INVALID_EVENT",
     "INVALID_OPTION",
     "INVALID_PATTERN",
     "MALFORMED_FRAME",
+    "NOT_JOURNALED",
     "PROTOCOL_VERSION",
     "RUN_FINISHED",
     "SEQ_AHEAD",
@@ -131,7 +132,8 @@ INVALID_OPTION = "invalid_option"
 SLOW_CONSUMER = "slow_consumer"
 SHUTDOWN = "shutdown"
 BYE = "bye"
-INTERNAL = "internal"
+INTERNAL_ERROR = "internal_error"
+NOT_JOURNALED = "not_journaled"
 
 ERROR_CODES: Mapping[str, str] = {
     BAD_HANDSHAKE: "the first frame was not a valid hello (fatal)",
@@ -158,11 +160,18 @@ ERROR_CODES: Mapping[str, str] = {
     UNKNOWN_SESSION: "a snapshot or stats request for a session the daemon does not know (reply)",
     HANDSHAKE_TIMEOUT: "no hello within the handshake timeout (fatal)",
     FORBIDDEN: "the peer's uid may not connect, or its role may not do this (fatal on connect)",
-    TOO_MANY_CONNECTIONS: "the peer's uid already has the most connections allowed (fatal)",
+    TOO_MANY_CONNECTIONS: (
+        "at hello, the uid's connections are at their limit; before it, the oldest of too "
+        "many sockets still in their handshake (fatal)"
+    ),
     SLOW_CONSUMER: "goodbye reason: queue full (limits.outbound_cap) and a buffer overflowed",
     SHUTDOWN: "goodbye reason: the daemon is stopping",
     BYE: "goodbye reason: the answer to the client's bye",
-    INTERNAL: "the server failed while handling a frame; the daemon stays up",
+    INTERNAL_ERROR: (
+        "the daemon failed serving this connection: a failed reply to a request, else the "
+        "goodbye reason (the connection ends, the daemon and everyone else go on)"
+    ),
+    NOT_JOURNALED: "an acknowledged publish or ingest whose events are not (all) in the journal",
 }
 """Every code busd sends in ``error.code``, ``reply.error.code`` or ``goodbye.reason``."""
 
@@ -270,9 +279,14 @@ class Outgoing(msgspec.Struct, Generic[EventT_co], frozen=True, kw_only=True, om
 
 
 class Publish(Frame, Generic[EventT], frozen=True, tag="publish"):
-    """Events for the bus; the server validates and sequences each one on its own."""
+    """Events for the bus; the server validates and sequences each one on its own.
+
+    ``ack``: an id chosen by the client; the server answers with a ``reply``
+    of that id once every event this connection has published is journaled.
+    """
 
     events: list[Outgoing[EventT]]
+    ack: int | None = None
 
 
 class Ingest(Frame, frozen=True, tag="ingest"):
@@ -280,12 +294,14 @@ class Ingest(Frame, frozen=True, tag="ingest"):
 
     One translator per (connection, sdk, session_id) keeps the stream's
     state across frames; ``end`` finishes it (so does closing the connection).
+    ``ack`` asks for a ``reply`` as on ``publish``.
     """
 
     sdk: str
     events: list[Any]
     session_id: str | None = None
     end: bool = False
+    ack: int | None = None
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="cmd", omit_defaults=True):
@@ -456,7 +472,13 @@ class Gap(Frame, frozen=True, tag="gap"):
 
 
 class Goodbye(Frame, frozen=True, tag="goodbye"):
-    """The server is closing the connection; resubscribe with ``since_seq=resume_seq``."""
+    """The server is closing the connection; resubscribe with ``since_seq=resume_seq``.
+
+    ``reason`` is ``bye``, ``shutdown``, ``slow_consumer``, or the code of the
+    fatal error just sent. Every event a subscription of this connection
+    matched, up to ``resume_seq``, was sent before this frame: resuming from it
+    misses nothing.
+    """
 
     reason: str
     resume_seq: int | None = None

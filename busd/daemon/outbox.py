@@ -1,0 +1,173 @@
+"""One connection's outbox: what it has to send, capped in bytes, and the writer that drains it.
+
+Frames are queued already encoded. The writer sends everything queued in
+one ``send_all``; while it is parked with nothing queued, a frame is written
+to the socket at once (non-blocking) instead of waking it. Events frames
+wait for room under the cap (:meth:`Outbox.room`); replies and errors do
+not, and past a hard cap the owner is told its client does not read
+(``on_overflow``). Each events frame remembers the resume point that holds
+if it is never delivered.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+__all__ = ["Out", "Outbox"]
+
+
+@dataclass(slots=True)
+class Out:
+    """One encoded frame (or the rest of one) waiting to be written."""
+
+    data: bytes
+    since: int | None = None
+    """Events frames: the resume point (a ``since_seq``) if this frame is not delivered."""
+    reply: bool = False
+    partial: bool = False
+    """The rest of a frame already partly written: it must go out whole."""
+
+
+class Outbox:
+    """Queued frames and the writer task (:meth:`run`) of one connection.
+
+    ``cap`` is what events may fill (queued plus in flight); past
+    ``hard_cap`` (a client that asks and asks but never reads) the owner's
+    ``on_overflow`` is called. ``on_broken`` is called once when the peer is
+    gone. After :meth:`close`, nothing more is queued and the writer ends
+    once what is queued is written.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        *,
+        cap: int,
+        hard_cap: int,
+        on_overflow: Callable[[], None],
+        on_broken: Callable[[], None],
+    ) -> None:
+        self.stream = stream
+        self.cap = cap
+        self.hard_cap = hard_cap
+        self._on_overflow = on_overflow
+        self._on_broken = on_broken
+        self._out: deque[Out] = deque()
+        self._out_bytes = 0
+        self._inflight: list[Out] = []
+        self._inflight_bytes = 0
+        self.replies = 0
+        """Replies queued or being written."""
+        self._ready = trio.Event()
+        self._progress = trio.Event()  # set whenever the writer has written something
+        self.closing = False
+        self.done = trio.Event()
+        """Set when the writer has ended."""
+        # Write-through needs the raw descriptor (a real socket; tests may use memory streams).
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        self._parked = False
+        self._overflowed = False
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued or being written."""
+        return self._out_bytes + self._inflight_bytes
+
+    def fits(self, size: int) -> bool:
+        """Whether ``size`` more bytes of events may be queued now (always, when empty)."""
+        return not (self._out or self._inflight) or self.queued_bytes + size <= self.cap
+
+    async def room(self, size: int) -> bool:
+        """Wait until ``size`` bytes of events fit; ``False`` if the outbox closed meanwhile."""
+        while not self.fits(size):
+            self._progress = trio.Event()
+            await self._progress.wait()
+            if self.closing:
+                return False
+        return not self.closing
+
+    def push(self, out: Out) -> None:
+        if self.closing:
+            return
+        if self._parked and not self._out and self._fd is not None:
+            data = out.data
+            try:
+                written = os.write(self._fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # the peer is gone: as the writer does
+                self._broke()
+                return
+            if written == len(data):
+                return
+            out = Out(data[written:], out.since, out.reply, partial=written > 0)
+        self._out.append(out)
+        self._out_bytes += len(out.data)
+        if out.reply:
+            self.replies += 1
+        if self.queued_bytes > self.hard_cap and not self._overflowed:
+            self._overflowed = True  # told once: its goodbye is queued here too
+            self._on_overflow()
+        self._ready.set()
+
+    def undelivered(self) -> list[int]:
+        """The resume points of the events frames still queued (not the one half written)."""
+        return [o.since for o in self._out if o.since is not None and not o.partial]
+
+    def drop_queued(self) -> None:
+        """Forget what is queued, but the rest of a frame already partly written."""
+        kept = [o for o in self._out if o.partial]
+        self._out.clear()
+        self._out.extend(kept)
+        self._out_bytes = sum(len(o.data) for o in kept)
+
+    def close(self) -> None:
+        """Queue nothing more; the writer ends once what is queued is written."""
+        self.closing = True
+        self._ready.set()
+        self._progress.set()
+
+    def forget_fd(self) -> None:
+        """The descriptor is about to be closed (and maybe reused): no more write-through."""
+        self._fd = None
+
+    def _broke(self) -> None:
+        if not self.closing:
+            self.close()
+            self._on_broken()
+
+    async def run(self) -> None:
+        """The writer: drain the outbox until it is closed and empty, or the peer is gone."""
+        try:
+            while True:
+                if not self._out:
+                    if self.closing:
+                        return
+                    self._ready = trio.Event()
+                    self._parked = True
+                    try:
+                        await self._ready.wait()
+                    finally:
+                        self._parked = False
+                    continue
+                batch = list(self._out)
+                self._out.clear()
+                self._inflight = batch
+                self._inflight_bytes = self._out_bytes
+                self._out_bytes = 0
+                try:
+                    await self.stream.send_all(b"".join(o.data for o in batch))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._broke()
+                    return
+                self.replies -= sum(1 for o in batch if o.reply)
+                self._inflight = []
+                self._inflight_bytes = 0
+                self._progress.set()
+        finally:
+            self.done.set()
