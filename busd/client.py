@@ -536,7 +536,7 @@ class Client:
             raise self._lost or ConnectionLost("closed")
         reply = box[0]
         if not reply.ok:
-            error = reply.error or ErrorInfo(code="internal", message="")
+            error = reply.error or ErrorInfo(code="internal_error", message="")
             kind = NotJournaled if error.code == "not_journaled" else RequestFailed
             raise kind(error.code, error.message)
         return reply.result
