@@ -22,6 +22,7 @@ from busd.wire import (
     PROTOCOL_VERSION,
     Frame,
     Hello,
+    Role,
     ServerFrame,
     Welcome,
     encode_frame,
@@ -55,10 +56,11 @@ class RawClient:
         self.decoder = server_frame_decoder(Catalog())
 
     @classmethod
-    async def open(cls, path: Path, *, hello: bool = True) -> RawClient:
+    async def open(cls, path: Path, *, hello: bool = True, role: Role = "admin") -> RawClient:
+        """Connected, and past a ``hello`` in ``role`` (by default one that may do anything)."""
         client = cls(await trio.open_unix_socket(os.fspath(path)))
         if hello:
-            await client.send(Hello(protocol=PROTOCOL_VERSION, client="raw"))
+            await client.send(Hello(protocol=PROTOCOL_VERSION, client="raw", role=role))
             welcome = await client.receive()
             assert isinstance(welcome, Welcome), welcome
         return client

@@ -913,7 +913,7 @@ async def test_a_resume_older_than_the_ring_reads_the_journal(
     config = DaemonConfig(journal=str(tmp_path / "j.sqlite3"), replay=16)
     async with (
         running_daemon(sock_path, config) as server,
-        connect(sock_path, client="t") as client,
+        connect(sock_path, client="t", role="agent") as client,
     ):
         journal = journal_of(server.daemon)
         async with client.subscribe([">"], window_ms=0, deltas="raw") as live:
@@ -944,7 +944,7 @@ async def test_a_resume_from_the_journal_neither_loses_nor_doubles_live_events(
     config = DaemonConfig(journal=str(tmp_path / "j.sqlite3"), replay=50)
     async with running_daemon(sock_path, config) as server:
         async with (
-            connect(sock_path, client="pub") as publisher,
+            connect(sock_path, client="pub", role="agent") as publisher,
             connect(sock_path, client="sub") as subscriber,
             trio.open_nursery() as nursery,
         ):
@@ -961,7 +961,7 @@ async def test_a_restarted_daemon_continues_seq_keeps_sessions_and_resumes(
 ) -> None:
     path = str(tmp_path / "j.sqlite3")
     async with running_daemon(sock_path, DaemonConfig(journal=path)) as server:
-        async with connect(sock_path, client="t") as client:
+        async with connect(sock_path, client="t", role="agent") as client:
             await client.publish(SessionStart(title="before"), session_id="s1")
             await publish_texts(client, 20)
             before, _ = await collect(client, 0, server.daemon.bus.head_seq)
@@ -969,7 +969,7 @@ async def test_a_restarted_daemon_continues_seq_keeps_sessions_and_resumes(
     async with running_daemon(sock_path, DaemonConfig(journal=path)) as server:
         assert server.daemon.bus.head_seq == head
         assert server.daemon.sessions.summary("s1") is not None
-        async with connect(sock_path, client="t") as client:
+        async with connect(sock_path, client="t", role="agent") as client:
             titles = [s["title"] for s in await client.request(_sessions())]
             assert "before" in titles
             async with trio.open_nursery() as nursery:
@@ -991,14 +991,14 @@ async def test_a_resume_gets_a_gap_for_what_retention_removed(
 ) -> None:
     path = str(tmp_path / "j.sqlite3")
     async with running_daemon(sock_path, DaemonConfig(journal=path)) as server:
-        async with connect(sock_path, client="t") as client:
+        async with connect(sock_path, client="t", role="agent") as client:
             await publish_texts(client, 30)
     head = server.daemon.bus.head_seq
     file = JournalFile.open(path)
     file.prune_step(10)  # as retention would
     file.close()
     async with running_daemon(sock_path, DaemonConfig(journal=path)) as server:
-        async with connect(sock_path, client="t") as client:
+        async with connect(sock_path, client="t", role="agent") as client:
             events, gaps = await collect(client, 0, head)
     assert gaps == [(1, 10)]
     assert [e.seq for e in events] == list(range(11, head + 1))

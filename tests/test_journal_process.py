@@ -142,7 +142,7 @@ async def test_kill_9_mid_stream_loses_nothing_journaled_and_reuses_no_seq(
     assert all(ids.get(seq, event_id) == event_id for seq, event_id in durable)
 
     async with serving(sock_path, "--journal", str(journal)):
-        async with connect(sock_path, client="again") as client:
+        async with connect(sock_path, client="again", role="agent") as client:
             status = await client.request(Status())
             assert status["head_seq"] > head_seen  # no seq is given twice
             assert status["journal"]["journaled_seq"] == status["head_seq"]
@@ -358,7 +358,7 @@ async def test_a_stop_while_the_disk_fails_says_what_was_lost_and_gives_no_seq_a
 
     failing_disk.heal()
     async with serving(sock_path, "--journal", str(journal)):
-        async with connect(sock_path, client="again") as client:
+        async with connect(sock_path, client="again", role="agent") as client:
             events: list[Envelope[Event]] = []
             gaps: list[tuple[int, int]] = []
             async with client.subscribe([">"], since_seq=0, window_ms=0, deltas="raw") as again:
@@ -428,7 +428,7 @@ async def test_a_damaged_journal_is_recovered_and_served_again(
     assert recovered.returncode == 0, recovered.stderr
     assert b"recorded as lost" in recovered.stdout
     async with serving(sock_path, "--journal", str(path)):
-        async with connect(sock_path, client="again") as client:
+        async with connect(sock_path, client="again", role="agent") as client:
             gaps: list[tuple[int, int]] = []
             seqs: list[int] = []
             async with client.subscribe([">"], since_seq=0, window_ms=0, deltas="raw") as sub:
@@ -458,7 +458,7 @@ async def test_no_journal_writes_nothing(sock_path: Path, tmp_path: Path) -> Non
         assert process.stdout is not None
         with trio.fail_after(20):
             assert "listening" in await read_line(process.stdout)
-        async with connect(sock_path, client="t") as client:
+        async with connect(sock_path, client="t", role="agent") as client:
             await client.publish(SessionIdle(), session_id="s1")
             await client.flush()
             assert (await client.request(Status()))["journal"] is None

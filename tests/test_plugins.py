@@ -444,7 +444,11 @@ async def test_plugin_event_types_are_published_and_decoded_like_built_in_ones(
         [envelope] = await collect_until(sub, lambda e: True)
 
     assert envelope.event == BuildFinished(target="wheel", ok=False)
-    assert (envelope.session_id, envelope.source) == ("s1", "ci")
+    # The daemon labels the source from the connection (docs/protocol.md, hello).
+    assert (envelope.session_id, envelope.source) == (
+        "s1",
+        f"ci[pid={os.getpid()},uid={os.getuid()}]",
+    )
     assert ci.errors == []
 
 
@@ -782,7 +786,9 @@ async def test_ingested_raw_events_are_translated_in_the_daemon_and_reach_subscr
         "lo",
         "Hello",
     ]
-    assert {(e.session_id, e.source) for e in first + second} == {("s1", "agent/toy")}
+    assert {(e.session_id, e.source) for e in first + second} == {
+        ("s1", f"agent[pid={os.getpid()},uid={os.getuid()}]/toy")
+    }
     assert [event_type(e.event) for e in second] == ["stream.session.start", "stream.text.delta"]
 
 
@@ -820,7 +826,7 @@ async def test_a_connection_closed_mid_stream_still_gets_its_streams_finished(
         TextComplete(message_id="m1", text="cut short"),
         SessionIdle(),
     ]
-    assert {e.source for e in got} == {"raw/toy"}
+    assert {e.source for e in got} == {f"raw[pid={os.getpid()},uid={os.getuid()}]/toy"}
 
 
 # -- the third-party template, installed like any plugin -------------------------------------------

@@ -807,7 +807,9 @@ class ProtocolModel(RuleBasedStateMachine):
             peer = self._connect()
             client = Client(slot, peer)
             self.clients[slot] = client
-            peer.send(framed({"op": "hello", "protocol": 1, "client": f"model-{slot}"}))
+            peer.send(
+                framed({"op": "hello", "protocol": 1, "client": f"model-{slot}", "role": "admin"})
+            )
             client.history.append("connected")
         return client
 
@@ -1299,7 +1301,7 @@ class ProtocolModel(RuleBasedStateMachine):
         peer = self._connect()
         markers: dict[int, str] = {}
         try:
-            data = framed({"op": "hello", "protocol": 1, "client": "model-resume"})
+            data = framed({"op": "hello", "protocol": 1, "client": "model-resume", "role": "admin"})
             events = []
             for sub in missing:
                 f = sub.filter

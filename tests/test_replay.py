@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "sdk"
 RECORDINGS = ROOT / "busd" / "data" / "recordings"
 GENERATOR = ROOT / "contrib" / "recordings" / "make_recordings.py"
 CLIENT = "tester"
+ME = f"{CLIENT}[pid={os.getpid()},uid={os.getuid()}]"  # what the daemon calls this process
 
 ADAPTER = {"claude_code": "claude-code", "copilot": "copilot", "opencode": "opencode", "acp": "acp"}
 """The ``adapter=`` each bundled recording is started with."""
@@ -256,7 +258,7 @@ async def test_a_bundled_recording_plays_as_a_live_run_with_the_fixture_usage(
     assert len(asked) == len(resolved) == PERMISSIONS[name]
     assert all(r.request_id.startswith(f"{run_id}/") for r in asked)
     assert [(r.request_id, r.outcome, r.by, r.reason) for r in resolved] == [
-        (r.request_id, "allowed", CLIENT, "looks fine") for r in asked
+        (r.request_id, "allowed", ME, "looks fine") for r in asked
     ]
     [summary_of_run] = [r for r in runs if r["run_id"] == run_id]
     assert (summary_of_run["adapter"], summary_of_run["driver"]) == (ADAPTER[name], "replay")
@@ -273,7 +275,7 @@ async def test_a_denial_stops_the_replay_where_it_was(sock_path: Path, name: str
     summary = finished(seen)
     assert (summary.status, summary.error) == ("ok", None)  # the replay ended as it should
     [resolved] = of(seen, PermissionResolved)
-    assert (resolved.outcome, resolved.by, resolved.reason) == ("denied", CLIENT, "not today")
+    assert (resolved.outcome, resolved.by, resolved.reason) == ("denied", ME, "not today")
     # Nothing of the recording after the request: only what the adapter closes at the end.
     assert stream_types(seen) == translated(name, until_permission=1)
     assert len(of(seen, PermissionRequested)) == 1
@@ -293,7 +295,7 @@ async def test_cancelling_a_replay_while_it_waits_for_its_next_event(sock_path: 
     summary = finished(seen)
     assert summary.status == "cancelled"
     [cancelled] = of(seen, RunCancelled)
-    assert (cancelled.by, cancelled.reason) == (CLIENT, "enough")
+    assert (cancelled.by, cancelled.reason) == (ME, "enough")
     assert stream_types(seen) == translated("claude_code", lines=1)
     assert stream_types(seen)[0] == "stream.session.start"
 
@@ -658,7 +660,8 @@ async def test_busd_run_plays_a_recording_answering_from_its_rules(sock_path: Pa
     [resolved] = [
         e["event"] for e in transcript if e["event"]["type"] == "stream.permission.resolved"
     ]
-    assert (resolved["outcome"], resolved["by"]) == ("allowed", "busd-run")
+    assert resolved["outcome"] == "allowed"
+    assert re.fullmatch(r"busd-run\[pid=\d+,uid=\d+\]", resolved["by"]), resolved["by"]
     assert transcript[-1]["event"]["usage"]["output_tokens"] == 231
 
 

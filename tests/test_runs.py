@@ -8,6 +8,7 @@ the first of several frontends.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -392,7 +393,7 @@ async def test_the_first_frontend_to_answer_wins_and_everyone_sees_it(sock_path:
         assert isinstance(resolved, PermissionResolved)
         assert (resolved.outcome, resolved.by, resolved.option_id) == (
             "allowed",
-            "web",
+            f"web[pid={os.getpid()},uid={os.getuid()}]",  # who answered, as the kernel says
             "allow_once",
         )
     assert [d.outcome for d in driver.decisions] == ["allowed"]  # the driver got one answer

@@ -10,6 +10,7 @@ screen). ``--plain`` and the failure paths run as plain subprocesses.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -244,7 +245,7 @@ async def test_plain_watchers_log_the_run_whether_asked_or_piped(sock_path: Path
             "⏺ Write(/home/u/proj/tmp/hello-allow.txt)",
             "⚠ permission requested: Write · tmp/hello-allow.txt"
             " · /home/u/proj/tmp/hello-allow.txt",
-            "⚑ Write: ✓ allowed by tester",
+            f"⚑ Write: ✓ allowed by tester (pid {os.getpid()})",  # the answering client
         ]
         positions = [body.index(line) for line in expected]
         positions.append(next(i for i, line in enumerate(body) if line.startswith("✓ Write ")))

@@ -164,6 +164,7 @@ def serve(
     config = DaemonConfig(
         watchdog=policy.runs.watchdog,
         permission_rules=tuple(policy.permissions.rules),
+        grants=policy.grants(),
         permission_timeout=policy.permissions.timeout,
         max_frame=max_frame,
         outbound_cap=outbound_cap,

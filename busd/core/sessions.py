@@ -506,8 +506,10 @@ class SessionRegistry:
             run_id = envelope.run_id
             if run_id is not None:
                 state.run_id = run_id
-            if state.adapter is None and "/" in envelope.source:  # ingest: "client/sdk"
-                state.adapter = envelope.source.rsplit("/", 1)[1]
+            if state.adapter is None:  # ingest: "name[pid=…,uid=…]/sdk", a run: "run/sdk"
+                _, slash, adapter = envelope.source.rpartition("/")
+                if slash and not adapter.endswith("]"):
+                    state.adapter = adapter
         agent_id = envelope.agent_id
         if agent_id is not None and agent_id not in state.agents and agent_id != session_id:
             state.agents[agent_id] = SubAgent(agent_id=agent_id)

@@ -196,6 +196,10 @@ class PermissionBroker:
     def is_resolved(self, request_id: str) -> bool:
         return request_id in self._resolved
 
+    def knows(self, request_id: str) -> bool:
+        """A request of a driven run: pending, or decided (as far as it remembers)."""
+        return request_id in self._pending or request_id in self._resolved
+
     def pending(self) -> list[PermissionRequested]:
         return [p.request for p in self._pending.values()]
 

@@ -19,6 +19,10 @@
     max_age = "30d"           # s, m, h, d, w; 0: no limit
     max_size = "1GiB"         # KiB, MiB, GiB, TiB or bytes; 0: no limit
 
+    [roles]                   # narrow what a role may change (docs/operations.md)
+    frontend = ["permission_reply"]   # frontends answer, but start and cancel nothing
+    agent = []                        # agents publish nothing
+
     [plugins.nats]            # options of the plugin named nats (docs/scaling.md)
     url = "nats://127.0.0.1:4222"
 
@@ -36,6 +40,7 @@ import msgspec
 
 from ..core.errors import BusdError
 from ..core.permissions import PermissionRule
+from ..wire import Right, Role, narrow
 from .journalfile import parse_duration, parse_size
 
 __all__ = ["ConfigError", "FileConfig", "load_config"]
@@ -79,7 +84,12 @@ class FileConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     runs: _Runs = _Runs()
     permissions: _Permissions = _Permissions()
     journal: _Journal = _Journal()
+    roles: dict[str, list[str]] = {}
     plugins: dict[str, dict[str, Any]] = {}
+
+    def grants(self) -> dict[Role, frozenset[Right]]:
+        """The roles' rights: the defaults, narrowed by ``[roles]`` (checked by load_config)."""
+        return narrow(self.roles)
 
 
 def load_config(path: Path) -> FileConfig:
@@ -98,4 +108,8 @@ def load_config(path: Path) -> FileConfig:
         config.journal.limits()
     except ValueError as exc:
         raise ConfigError(f"{path}: [journal]: {exc}") from None
+    try:
+        config.grants()
+    except ValueError as exc:
+        raise ConfigError(f"{path}: [roles]: {exc}") from None
     return config

@@ -33,22 +33,22 @@ import trio
 from .._version import __version__
 from ..core.errors import InvalidPattern
 from ..core.events import Envelope, Event
-from ..plugins.adapters import Translator
 from ..wire import (
     BAD_HANDSHAKE,
     BYE,
+    FORBIDDEN,
     FRAME_TOO_LARGE,
     HANDSHAKE_TIMEOUT,
     INTERNAL_ERROR,
     INVALID_EVENT,
     INVALID_PATTERN,
+    RIGHTS,
     SEQ_AHEAD,
     SHUTDOWN,
     SLOW_CONSUMER,
     TOO_MANY_CONNECTIONS,
     TOO_MANY_REQUESTS,
     TOO_MANY_SUBSCRIPTIONS,
-    UNKNOWN_SDK,
     UNKNOWN_SUBSCRIPTION,
     Bye,
     Encoder,
@@ -66,16 +66,21 @@ from ..wire import (
     Publish,
     Reply,
     Request,
+    Right,
+    Role,
     ServerHandshake,
     Subscribe,
     Unsubscribe,
     Welcome,
     client_frame_decoder,
+    identity,
 )
 from .acks import Acks
+from .authority import forbidden, refusal
 from .batching import BatchDispatcher
 from .commands import Failed, answer
 from .hub import Daemon, Resume, Subscription
+from .ingests import Ingests
 from .journal import JournalSpan, Missing
 from .outbox import Out, Outbox
 
@@ -115,12 +120,18 @@ async def close_gracefully(stream: trio.abc.Stream) -> None:
 class Connection:
     """Serves one client until it leaves, breaks the protocol, falls behind or we stop."""
 
-    def __init__(self, daemon: Daemon, stream: trio.abc.Stream, *, uid: int) -> None:
+    def __init__(
+        self, daemon: Daemon, stream: trio.abc.Stream, *, uid: int, pid: int | None = None
+    ) -> None:
         self.daemon = daemon
         self.stream = stream
         self.uid = uid
+        self.pid = pid
         self.client_id = daemon.connection_opened(uid)
         self.name = f"client-{self.client_id}"
+        """Its identity once it said hello: what ``source`` and ``by`` carry (wire.roles)."""
+        self.role: Role = "frontend"
+        self._rights: frozenset[Right] = frozenset()  # nothing before the hello
         config = daemon.config
         self._decoder = client_frame_decoder(daemon.catalog, max_frame=config.max_frame)
         self._encoder = Encoder(max_frame=config.max_frame)
@@ -136,7 +147,7 @@ class Connection:
         # Per subscription whose events are being queued (a replay, a batch split
         # over frames): the seq up to which they are queued, its resume point.
         self._since: dict[Subscription, int] = {}
-        self._translators: dict[tuple[str, str | None], Translator] = {}
+        self._ingests = Ingests(daemon, self._queue)
         self._nursery: trio.Nursery | None = None
         self._pending_goodbye: str | None = None
         self.in_handshake = True
@@ -170,7 +181,7 @@ class Connection:
         finally:
             self._outbox.forget_fd()  # the descriptor is about to be closed (and maybe reused)
             self.in_handshake = False
-            self._finish_translators()
+            self._ingests.finish(name=self.name, failed=self._failed)
             for sub in self._subs.values():
                 self.daemon.remove_subscription(sub)
             self._subs.clear()
@@ -313,13 +324,21 @@ class Connection:
                 message = f"uid {self.uid} already has {limit} connections"
                 reply = Error(code=TOO_MANY_CONNECTIONS, message=message, fatal=True)
         if isinstance(reply, Error):
-            if reply.code not in (HANDSHAKE_TIMEOUT, TOO_MANY_CONNECTIONS):
-                self.daemon.counters.protocol_errors += 1
+            counters = self.daemon.counters
+            if reply.code == HANDSHAKE_TIMEOUT:
+                counters.handshake_timeouts += 1
+            elif reply.code == FORBIDDEN:
+                counters.forbidden += 1
+            elif reply.code != TOO_MANY_CONNECTIONS:
+                counters.protocol_errors += 1
             await self._send_now(reply, self._goodbye(reply.code))
             return False
-        await self._send_now(reply)
         assert isinstance(frame, Hello)
-        self.name = frame.client or self.name
+        self.name = identity(frame.client, pid=self.pid, uid=self.uid)
+        self.role = frame.role
+        self._rights = self.daemon.config.grants.get(frame.role, frozenset())
+        rights = tuple(r for r in RIGHTS if r in self._rights)
+        await self._send_now(msgspec.structs.replace(reply, identity=self.name, rights=rights))
         return True
 
     def _admitted(self, hello: object) -> bool:
@@ -353,6 +372,9 @@ class Connection:
                         return
                     self._protocol_error(exc)
                     continue
+                if frame is not None and (why := self._forbidden(frame)) is not None:
+                    self._refuse(frame, why)
+                    continue
                 match frame:
                     case None:
                         break
@@ -363,7 +385,7 @@ class Connection:
                         await self._acks.around(frame, self._publish(frame))
                     case Ingest():
                         await self._journal_room()
-                        self._acks.around_sync(frame, self._ingest)
+                        self._acks.around_sync(frame, partial(self._ingests.ingest, name=self.name))
                     case Subscribe():
                         self._subscribe(frame)
                     case Unsubscribe():
@@ -373,6 +395,7 @@ class Connection:
                     case Ping():
                         self._queue(Pong(nonce=frame.nonce))
                     case Hello():
+                        self.daemon.counters.repeated_hellos += 1
                         self._queue(Error(code=BAD_HANDSHAKE, message="hello was already received"))
             # What this chunk published is accounted and goes out before we wait
             # for the next one, not after a task switch (latency at a steady rate).
@@ -415,47 +438,22 @@ class Connection:
         if journal is not None and journal.congested:
             await journal.room()
 
+    def _forbidden(self, frame: Frame) -> str | None:
+        runs = self.daemon.runs
+        return forbidden(frame, role=self.role, rights=self._rights, runs=runs)
+
+    def _refuse(self, frame: Frame, message: str) -> None:
+        self.daemon.counters.forbidden += 1
+        logger.info("%s: forbidden: %s", self.name, message)
+        answer, reply = refusal(frame, message)
+        self._queue(answer, reply=reply)
+
     def _protocol_error(self, exc: ProtocolError) -> None:
         if exc.op in ("request", "publish", "ingest") and exc.ref is not None:  # ref: id, ack
             error = ErrorInfo(code=exc.code, message=exc.message)
             self._queue(Reply(id=exc.ref, ok=False, error=error), reply=True)
         else:
             self._queue(exc.to_frame())
-
-    # -- ingest ------------------------------------------------------------------
-
-    def _ingest(self, frame: Ingest) -> None:
-        key = (frame.sdk, frame.session_id)
-        translator = self._translators.get(key)
-        if translator is None:
-            adapter = self.daemon.adapters.get(frame.sdk)
-            if adapter is None:
-                loaded = ", ".join(sorted(self.daemon.adapters)) or "none"
-                message = f"no adapter for sdk {frame.sdk!r} is loaded (loaded: {loaded})"
-                self._queue(Error(code=UNKNOWN_SDK, message=message))
-                return
-            translator = adapter.translator(session_id=frame.session_id)
-            self._translators[key] = translator
-        now = trio.current_time()
-        source = f"{self.name}/{frame.sdk}"
-        for raw in frame.events:
-            for emitted in translator.feed(raw, now):
-                self.daemon.publish_emitted(emitted, source=source)
-        if frame.end:
-            del self._translators[key]
-            for emitted in translator.finish(now):
-                self.daemon.publish_emitted(emitted, source=source)
-
-    def _finish_translators(self) -> None:
-        """A connection that ends mid-stream still gets its streams finished."""
-        now = trio.current_time()
-        translators, self._translators = self._translators, {}
-        for (sdk, _), translator in translators.items():
-            try:
-                for emitted in translator.finish(now):
-                    self.daemon.publish_emitted(emitted, source=f"{self.name}/{sdk}")
-            except Exception as exc:  # a plugin's translator: this connection's failure
-                self._failed(exc, f"finishing its {sdk!r} stream")
 
     # -- subscriptions -----------------------------------------------------------
 

@@ -51,7 +51,7 @@ from ..core.permissions import PermissionRule
 from ..core.sessions import SessionRegistry
 from ..plugins.adapters import Adapter, Emitted
 from ..plugins.manager import HookFailure, PluginManager, supervise
-from ..wire import DEFAULT_MAX_FRAME, Limits, Outgoing, encode_envelope
+from ..wire import DEFAULT_GRANTS, DEFAULT_MAX_FRAME, Limits, Outgoing, Right, Role, encode_envelope
 from .accounting import AccountingService
 from .batching import BatchDispatcher, Flusher
 from .broker import PermissionBroker
@@ -113,6 +113,8 @@ class DaemonConfig:
     """Events waiting for the disk before further ones are not journaled."""
     plugin_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per plugin name, its options (``[plugins.NAME]`` in the config file, some flags)."""
+    grants: Mapping[Role, frozenset[Right]] = field(default_factory=lambda: dict(DEFAULT_GRANTS))
+    """What each role may change (``[roles]`` in the config file narrows it)."""
 
     def limits(self) -> Limits:
         return Limits(
@@ -242,6 +244,12 @@ class _Counters:
     rejected_events: int = 0
     internal_errors: int = 0
     """Failures serving a connection: each ended that connection (or spoiled one reply)."""
+    refused_peers: int = 0
+    """Connections refused for their uid (SO_PEERCRED) before a byte was read."""
+    handshake_timeouts: int = 0
+    forbidden: int = 0
+    """Frames refused ``forbidden``: a role without the right, a driven run's events, a name."""
+    repeated_hellos: int = 0
 
 
 class Daemon:
@@ -630,6 +638,11 @@ class Daemon:
             "rejected_events": self.counters.rejected_events,
             "protocol_errors": self.counters.protocol_errors,
             "internal_errors": self.counters.internal_errors,
+            "refused_peers": self.counters.refused_peers,
+            "handshake_timeouts": self.counters.handshake_timeouts,
+            "forbidden": self.counters.forbidden,
+            "repeated_hellos": self.counters.repeated_hellos,
+            "roles": {role: sorted(rights) for role, rights in self.config.grants.items()},
             "handler_errors": bus.handler_errors,
             "history": msgspec.to_builtins(self.history.statistics()),
             "journal": None if self.journal is None else self.journal.statistics(),

@@ -174,6 +174,7 @@ class RunManager:
         self._runs: dict[str, RunState] = {}
         self._active_by_session: dict[str, str] = {}
         self._sdk_sessions: dict[str, str] = {}
+        self._driven: set[str] = set()  # every session a run of ours has had
         daemon.bus.on_all(self._observe)
 
     # -- commands -------------------------------------------------------------------
@@ -247,6 +248,7 @@ class RunManager:
         )
         self._runs[run_id] = state
         self._active_by_session[session] = run_id
+        self._driven.add(session)
         self.daemon.correlator.start_run(run_id, session_id=session, request_id=request_id)
         self.daemon.publish(
             RunStarted(adapter=adapter, model=request.model, request_id=request_id, prompt=prompt),
@@ -277,6 +279,34 @@ class RunManager:
 
     def runs(self) -> list[dict[str, Any]]:
         return [state.summary() for state in self._runs.values()]
+
+    def _had_run(self, session_id: str) -> bool:
+        state = self.daemon.sessions.get(session_id)
+        return state is not None and state.run_id is not None
+
+    def authority(
+        self, event: Event | None, *, session_id: str | None, run_id: str | None
+    ) -> str | None:
+        """Why a client may not publish ``event`` there (``None``: it may).
+
+        The daemon is the only publisher of the runs it drives: their runs,
+        their sessions (for good: a continued session is driven again) and
+        their permission requests, wherever a forger would put them. A
+        session that has had a run is one (only the daemon, or a bridged
+        daemon, publishes ``busd.run.*``), so this holds across restarts.
+        """
+        if run_id is not None and run_id in self._runs:
+            return f"run {run_id!r} is driven by busd: only the daemon publishes its events"
+        if session_id is not None and (session_id in self._driven or self._had_run(session_id)):
+            return f"session {session_id!r} is driven by busd: only the daemon publishes into it"
+        if isinstance(event, PermissionRequested | PermissionResolved):
+            owner = event.request_id.partition("/")[0]
+            if owner in self._runs or self.broker.knows(event.request_id):
+                return (
+                    f"permission request {event.request_id!r} belongs to a run busd drives: "
+                    "answer it with permission_reply"
+                )
+        return None
 
     def get(self, run_id: str) -> RunState | None:
         return self._runs.get(run_id)
@@ -322,7 +352,7 @@ class RunManager:
         published: list[Event] = []
         for item in emitted:
             event = item.event
-            if type(event) is PermissionRequested or type(event) is PermissionResolved:
+            if isinstance(event, PermissionRequested | PermissionResolved):
                 request_id = scoped_request_id(state.run_id, event.request_id)
                 if type(event) is PermissionResolved and self.broker.is_resolved(request_id):
                     continue  # the broker already published who decided

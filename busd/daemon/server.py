@@ -98,6 +98,7 @@ class Server:
                 message=f"uid {creds.uid} may not use this daemon (it serves uid {self._uid})",
                 fatal=True,
             )
+            self.daemon.counters.refused_peers += 1
             logger.warning("refused pid %d uid %d: %s", creds.pid, creds.uid, refusal.code)
             with trio.move_on_after(1.0):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
@@ -105,7 +106,7 @@ class Server:
             await close_gracefully(stream)
             return
         self._make_room(creds.uid)
-        connection = Connection(self.daemon, stream, uid=creds.uid)
+        connection = Connection(self.daemon, stream, uid=creds.uid, pid=creds.pid)
         self._connections.add(connection)
         try:
             await connection.serve()

@@ -50,7 +50,7 @@ from ..core.events import (
     ToolStart,
 )
 from ..wire.address import EndpointError, resolve_socket_path
-from .humanize import format_duration, format_tokens, summary_line
+from .humanize import format_duration, format_tokens, format_who, summary_line
 from .local import StartLocal
 
 __all__ = [
@@ -271,7 +271,8 @@ class PrettyPrinter:
         """``allowed Read (by busd-run: --allow Read)``: one line, without the glyph."""
         request = self._requests.get(resolved.request_id)
         tool = request.tool if request is not None else resolved.request_id
-        why = ": ".join(part for part in (resolved.by, resolved.reason) if part)
+        who = format_who(resolved.by) if resolved.by else None
+        why = ": ".join(part for part in (who, resolved.reason) if part)
         return f"{resolved.outcome} {tool}" + (f" ({'by ' + why})" if why else "")
 
     def _lines(self, *lines: str | None) -> str:
@@ -320,7 +321,7 @@ class PrettyPrinter:
             model = f" ({event.model})" if event.model else ""
             return [f"▶ {event.adapter}{model}"]
         if type(event) is RunCancelled:
-            return [f"⏹ cancelled by {event.by or 'busd'}"]
+            return [f"⏹ cancelled by {format_who(event.by or 'busd')}"]
         if type(event) is RunFinished:
             return list(summary_lines(event))
         return []
@@ -377,9 +378,7 @@ async def run_headless(
             client: Client | None = None
             if path is not None:
                 try:
-                    client = await stack.enter_async_context(
-                        connect(path, client=CLIENT_NAME, role="responder")
-                    )
+                    client = await stack.enter_async_context(connect(path, client=CLIENT_NAME))
                 except DaemonNotRunning:
                     client = None
             if client is None:
@@ -388,9 +387,7 @@ async def run_headless(
                 except EndpointError as exc:
                     err(f"busd: cannot start an in-process daemon: {exc}\n")
                     return EXIT_AGENT_ERROR
-                client = await stack.enter_async_context(
-                    connect(private.path, client=CLIENT_NAME, role="responder")
-                )
+                client = await stack.enter_async_context(connect(private.path, client=CLIENT_NAME))
             elif spec.watchdog is not None:
                 err(f"busd: --watchdog ignored: the daemon at {path} keeps its own\n")
             follower = _Follower(client, spec, out=out, err=err, pretty=pretty)

@@ -14,12 +14,32 @@ number ticks (``6m 05s``, ``1h 02m``), so a status line does not jitter.
 from __future__ import annotations
 
 import math
+import os
+import re
 
 from ..core.events import StreamingStats
 
-__all__ = ["format_duration", "format_tokens", "status_line", "summary_line"]
+__all__ = ["format_duration", "format_tokens", "format_who", "status_line", "summary_line"]
+
+_IDENTITY = re.compile(r"(?P<name>.+)\[pid=(?P<pid>\d+|\?),uid=(?P<uid>\d+|\?)\]")
 
 _UNITS = (("B", 1_000_000_000), ("M", 1_000_000), ("k", 1_000))
+
+
+def format_who(by: str) -> str:
+    """A decider for people: ``watch (pid 4242)`` for ``watch[pid=4242,uid=1000]``.
+
+    The daemon labels clients ``name[pid=…,uid=…]`` (docs/protocol.md); the
+    uid is shown only when it is not ours. ``rule:0``, ``policy``, ``busd``
+    and the like are the daemon's own and stay as they are.
+    """
+    match = _IDENTITY.fullmatch(by)
+    if match is None:
+        return by
+    name, pid, uid = match["name"], match["pid"], match["uid"]
+    if uid in ("?", str(os.getuid())):
+        return name if pid == "?" else f"{name} (pid {pid})"
+    return f"{name} (pid {pid}, uid {uid})"
 
 
 def format_tokens(n: int) -> str:

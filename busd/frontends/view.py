@@ -52,7 +52,7 @@ from ..core.events import (
     TurnStart,
     Usage,
 )
-from .humanize import format_duration, format_tokens, status_line, summary_line
+from .humanize import format_duration, format_tokens, format_who, status_line, summary_line
 
 __all__ = [
     "AgentView",
@@ -408,7 +408,8 @@ class SessionView(msgspec.Struct, kw_only=True):
         elif isinstance(event, PermissionResolved):
             request = self.permission(event.request_id)
             if request is not None and request.state == "pending":
-                request.state, request.by, request.reason = event.outcome, event.by, event.reason
+                request.state, request.reason = event.outcome, event.reason
+                request.by = format_who(event.by) if event.by else event.by
         elif isinstance(event, Usage):
             if envelope.agent_id is None:
                 self.usage = event.tokens
@@ -440,7 +441,7 @@ class SessionView(msgspec.Struct, kw_only=True):
             if event.prompt:
                 blocks.append(PromptBlock(text=event.prompt, run_id=envelope.run_id))
         elif isinstance(event, RunCancelled):
-            self.cancelled_by = event.by
+            self.cancelled_by = format_who(event.by) if event.by else event.by
         elif isinstance(event, RunFinished):
             self.finished, self.run_status, self.busy = event, event.status, False
             if event.context is not None:

@@ -1,4 +1,5 @@
-"""The wire protocol: frames (:mod:`.frames`) and their codec (:mod:`.codec`), sans-I/O.
+"""The wire protocol: frames (:mod:`.frames`), their codec (:mod:`.codec`) and roles
+(:mod:`.roles`), sans-I/O.
 
 Clients and the daemon import the protocol from here; ``docs/protocol.md``
 is its specification.
@@ -10,5 +11,7 @@ from .codec import *  # noqa: F403
 from .codec import __all__ as _codec_names
 from .frames import *  # noqa: F403
 from .frames import __all__ as _frame_names
+from .roles import *  # noqa: F403
+from .roles import __all__ as _role_names
 
-__all__ = [*_frame_names, *_codec_names]
+__all__ = [*_frame_names, *_codec_names, *_role_names]

@@ -51,6 +51,7 @@ from .frames import (
     Welcome,
     frame_op,
 )
+from .roles import name_refusal
 
 __all__ = [
     "Encoder",
@@ -538,6 +539,9 @@ class ServerHandshake:
                 f"client speaks protocol {frame.protocol}, "
                 f"this server speaks protocol {PROTOCOL_VERSION}",
             )
+        refusal = name_refusal(frame.client)
+        if refusal is not None:
+            return self._fail(*refusal)
         self.state = "done"
         self.hello = frame
         return Welcome(

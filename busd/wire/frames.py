@@ -82,6 +82,7 @@ __all__ = [
     "Publish",
     "Reply",
     "Request",
+    "Role",
     "Runs",
     "ServerFrame",
     "Sessions",
@@ -235,12 +236,16 @@ def frame_op(frame: Frame) -> str:
 # client → server
 
 
+Role = Literal["observer", "frontend", "responder", "agent", "admin"]
+"""What a client is for; what each may do is in :mod:`busd.wire.roles`."""
+
+
 class Hello(Frame, frozen=True, tag="hello"):
     """The first frame of every connection."""
 
     protocol: int
     client: str
-    role: Literal["frontend", "agent", "responder", "admin"] = "frontend"
+    role: Role = "frontend"
 
 
 class Subscribe(Frame, frozen=True, tag="subscribe"):
@@ -425,6 +430,10 @@ class Welcome(Frame, frozen=True, tag="welcome"):
     client_id: int
     head_seq: int
     limits: Limits
+    identity: str = ""
+    """How the daemon labels this connection in ``source`` and ``by`` (wire.roles)."""
+    rights: tuple[str, ...] = ()
+    """What this connection's role may change, beyond reading (wire.roles)."""
 
 
 class Events(Frame, Generic[T], frozen=True, tag="events"):

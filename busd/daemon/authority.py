@@ -1,0 +1,56 @@
+"""What a connection may send: its role's rights, and the daemon's hold on the runs it drives.
+
+Checked before a frame does anything, so a refused frame changes nothing;
+the answer is ``forbidden``, in the frame's reply when it asked for one
+(a request's ``id``, a publish's ``ack``), else an ``error`` frame. The
+table of rights is :mod:`busd.wire.roles`; docs/operations.md has the
+trust model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+
+from ..wire import (
+    FORBIDDEN,
+    Error,
+    ErrorInfo,
+    Frame,
+    Ingest,
+    Publish,
+    Reply,
+    Request,
+    Right,
+    Role,
+    right_needed,
+)
+from .runs import RunManager
+
+__all__ = ["forbidden", "refusal"]
+
+
+def forbidden(frame: Frame, *, role: Role, rights: Set[Right], runs: RunManager) -> str | None:
+    """Why a connection in ``role`` may not send ``frame`` (``None``: it may)."""
+    right = right_needed(frame)
+    if right is not None and right not in rights:
+        return f"role {role!r} may not {right.replace('_', ' ')} (docs/operations.md)"
+    match frame:
+        case Publish(events=events):
+            for index, out in enumerate(events):
+                why = runs.authority(out.event, session_id=out.session_id, run_id=out.run_id)
+                if why is not None:
+                    return f"events[{index}]: {why}; none of the frame's events was published"
+        case Ingest(session_id=str(session_id)):
+            why = runs.authority(None, session_id=session_id, run_id=None)
+            if why is not None:
+                return f"{why}; nothing of the frame was ingested"
+    return None
+
+
+def refusal(frame: Frame, message: str) -> tuple[Frame, bool]:
+    """The frame that says ``frame`` was forbidden, and whether it is a reply."""
+    match frame:
+        case Request(id=ref) | Publish(ack=int(ref)) | Ingest(ack=int(ref)):
+            error = ErrorInfo(code=FORBIDDEN, message=message)
+            return Reply(id=ref, ok=False, error=error), True
+    return Error(code=FORBIDDEN, message=message), False
