@@ -3,7 +3,9 @@
 The runs are replays of the bundled Claude Code recording (``driver="replay"``)
 through the real ``claude-code`` adapter, so what the browser would draw comes
 from exactly what a live run gives the daemon. The page itself is exercised in
-a real Chromium by ``test_web_browser.py``.
+a real Chromium by ``test_web_browser.py``; what the bridge refuses (other
+hosts, other origins, simple requests, the URL's token after the exchange)
+is ``test_web_security.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -28,6 +31,7 @@ import trio
 
 from busd.client import Client, connect
 from busd.core.events import Envelope, Event, PermissionResolved, TextDelta
+from busd.daemon.hub import DaemonConfig
 from busd.frontends.web import Browser, WebBridge, serve_web
 from busd.plugins.manager import PluginManager
 
@@ -64,19 +68,25 @@ class Reply:
         return json.loads(self.body)
 
 
+Headers = dict[str, str | None]
+"""Request headers by lowercase name; ``None`` leaves out one sent by default."""
+
+
 class Http:
     """HTTP/1.1 with h11 (hypercorn's own parser) over a trio socket per request."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, address: str = "127.0.0.1") -> None:
         self.port = port
+        self.address = address
 
     async def open(
-        self, method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None
+        self, method: str, target: str, body: bytes = b"", headers: Headers | None = None
     ) -> tuple[trio.SocketStream, h11.Connection, h11.Response]:
-        stream = await trio.open_tcp_stream("127.0.0.1", self.port)
+        stream = await trio.open_tcp_stream(self.address, self.port)
         conn = h11.Connection(h11.CLIENT)
-        fields = [("host", f"127.0.0.1:{self.port}"), ("connection", "close")]
-        fields += list((headers or {}).items())
+        given: Headers = {"host": f"{self.address}:{self.port}", "connection": "close"}
+        given.update(headers or {})
+        fields = [(name, value) for name, value in given.items() if value is not None]
         if method == "POST":
             fields.append(("content-length", str(len(body))))
         data = conn.send(h11.Request(method=method, target=target, headers=fields)) or b""
@@ -103,7 +113,7 @@ class Http:
         *,
         params: dict[str, str] | None = None,
         body: bytes = b"",
-        headers: dict[str, str] | None = None,
+        headers: Headers | None = None,
     ) -> Reply:
         target = path + (f"?{urlencode(params)}" if params else "")
         stream, conn, response = await self.open(method, target, body, headers)
@@ -127,24 +137,63 @@ class Web:
     bridge: WebBridge
     http: Http
     client: Client  # another frontend, to start runs and watch the bus
+    agent: Client  # an agent, to publish what a run would
 
     @property
     def token(self) -> dict[str, str]:
+        """The printed URL's query: it buys the cookie on ``/``, and nothing else."""
         return {"token": self.bridge.token}
 
-    async def post(self, path: str, body: object) -> Reply:
-        return await self.http.post(path, params=self.token, body=json.dumps(body).encode())
+    @property
+    def auth(self) -> Headers:
+        """What a script sends instead of the cookie."""
+        return {"x-busd-token": self.bridge.token}
+
+    @property
+    def origin(self) -> str:
+        return f"http://{self.http.address}:{self.bridge.port}"
+
+    def page(self, **headers: str | None) -> Headers:
+        """The headers of a POST from the bridge's own page, changed by ``headers``."""
+        sent: Headers = {"origin": self.origin, "content-type": "application/json", **self.auth}
+        sent.update((name.replace("_", "-"), value) for name, value in headers.items())
+        return sent
+
+    async def post(self, path: str, body: object, **headers: str | None) -> Reply:
+        data = json.dumps(body).encode()
+        return await self.http.post(path, body=data, headers=self.page(**headers))
 
 
 @asynccontextmanager
-async def web_server(sock_path: Path) -> AsyncIterator[Web]:
-    async with running_daemon(sock_path, plugins=plugins()), trio.open_nursery() as nursery:
+async def web_server(
+    sock_path: Path,
+    *,
+    read_only: bool = False,
+    host: str = "127.0.0.1",
+    config: DaemonConfig | None = None,
+) -> AsyncIterator[Web]:
+    async with (
+        running_daemon(sock_path, config, plugins=plugins()),
+        trio.open_nursery() as nursery,
+    ):
         bridge: WebBridge = await nursery.start(
-            lambda task_status: serve_web(sock_path, name=WEB_NAME, task_status=task_status)
+            partial(serve_web, sock_path, name=WEB_NAME, read_only=read_only, host=host)
         )
-        async with connect(sock_path, client="other-frontend") as client:
-            yield Web(bridge, Http(bridge.port), client)
+        async with (
+            connect(sock_path, client="other-frontend") as client,
+            connect(sock_path, client="an-agent", role="agent") as agent,
+        ):
+            yield Web(bridge, Http(bridge.port, host), client, agent)
         bridge.stop()
+
+
+IDENTITY = r"(\[pid=\d+,uid=\d+\]| \(pid \d+(, uid \d+)?\))"
+"""What follows a client's name in ``by``: the daemon's label, or the views' ``(pid N)``."""
+
+
+def by_web(by: str | None) -> bool:
+    """Whether ``by`` names the bridge: ``web@test[pid=…,uid=…]``, or ``web@test (pid …)``."""
+    return by is not None and re.fullmatch(re.escape(WEB_NAME) + IDENTITY, by) is not None
 
 
 async def folded(bridge: WebBridge, session_id: str) -> None:
@@ -209,9 +258,8 @@ class EventStream:
 
 
 @asynccontextmanager
-async def event_stream(web: Web) -> AsyncIterator[EventStream]:
-    target = f"/events?{urlencode(web.token)}"
-    stream, conn, response = await web.http.open("GET", target)
+async def event_stream(web: Web, headers: Headers | None = None) -> AsyncIterator[EventStream]:
+    stream, conn, response = await web.http.open("GET", "/events", headers=headers or web.auth)
     async with stream:
         assert response.status_code == 200
         assert dict(response.headers)[b"content-type"] == b"text/event-stream"
@@ -239,27 +287,34 @@ async def start_replay(web: Web, speed: float = 0) -> dict[str, str]:
     )
 
 
-# -- the token -----------------------------------------------------------------------
+# -- access ------------------------------------------------------------------------
 
 
-async def test_every_route_with_data_wants_the_token(sock_path: Path) -> None:
+async def test_every_route_with_data_wants_the_cookie_or_the_token_header(
+    sock_path: Path,
+) -> None:
     async with web_server(sock_path) as web:
         http = web.http
         for path in ("/", "/events", "/api/sessions"):
-            for params in ({}, {"token": "wrong"}, {"token": web.bridge.token[:-1]}):
-                response = await http.get(path, params=params)
-                assert response.status == 403, (path, params)
-                assert "forbidden" in response.text
+            for headers in ({}, {"x-busd-token": "wrong"}, {"x-busd-token": web.bridge.token[:-1]}):
+                response = await http.get(path, headers=headers)
+                assert response.status == 403, (path, headers)
+                assert response.json()["error"] == "unauthorized"
         for path in ("/api/permission", "/api/cancel"):
-            response = await http.post(path, body=b'{"run_id": "r", "request_id": "q"}')
-            assert response.status == 403
+            body = b'{"run_id": "r", "request_id": "q"}'
+            response = await http.post(path, body=body, headers=web.page(x_busd_token=None))
+            assert (response.status, response.json()["error"]) == (403, "unauthorized")
         assert web.bridge.url.endswith(f"/?token={web.bridge.token}")
         assert web.bridge.url.startswith("http://127.0.0.1:")
-        page = await http.get("/", params=web.token)
+        # The printed URL's token buys the cookie, then the page loads by the cookie.
+        exchange = await http.get("/", params=web.token)
+        assert (exchange.status, exchange.headers["location"]) == (303, "/")
+        cookie = exchange.headers["set-cookie"].partition(";")[0]
+        page = await http.get("/", headers={"cookie": cookie})
         assert page.status == 200
         assert "/static/app.js" in page.text
         assert page.headers["referrer-policy"] == "no-referrer"
-        by_header = await http.get("/api/sessions", headers={"x-busd-token": web.bridge.token})
+        by_header = await http.get("/api/sessions", headers=web.auth)
         assert by_header.status == 200
         # The page's own code and style carry no data: they load without it.
         script = await http.get("/static/app.js")
@@ -272,9 +327,8 @@ async def test_every_route_with_data_wants_the_token(sock_path: Path) -> None:
 
 async def test_a_late_page_gets_the_history_then_the_updates(sock_path: Path) -> None:
     async with web_server(sock_path) as web:
-        client = web.client
-        await client.publish(TextDelta(message_id="m1", text="hello "), session_id="early")
-        await client.flush()
+        await web.agent.publish(TextDelta(message_id="m1", text="hello "), session_id="early")
+        await web.agent.flush()
         # The bridge has folded it before the page connects: the first event has it.
         await folded(web.bridge, "early")
         async with event_stream(web) as stream:
@@ -283,7 +337,7 @@ async def test_a_late_page_gets_the_history_then_the_updates(sock_path: Path) ->
             assert data["name"] == WEB_NAME
             (early,) = data["sessions"]
             assert blocks(early, "text")[0]["text"] == "hello "
-            await client.publish(TextDelta(message_id="m1", text="world"), session_id="early")
+            await web.agent.publish(TextDelta(message_id="m1", text="world"), session_id="early")
             text = await stream.wait_for(
                 "the second delta",
                 lambda s: blocks(s["early"], "text")[0]["text"] == "hello world",
@@ -318,7 +372,8 @@ async def test_a_replayed_run_streams_and_ends_with_its_summary(sock_path: Path)
         (tool,) = blocks(view, "tool")
         assert (tool["name"], tool["status"]) == ("Write", "ok")
         (permission,) = blocks(view, "permission")
-        assert (permission["state"], permission["by"]) == ("allowed", WEB_NAME)
+        assert permission["state"] == "allowed"
+        assert by_web(permission["by"]), permission
         assert view["context"]["used"] > 0
         assert view["context_line"].startswith("context ")
         assert "Created hello-allow.txt" in "".join(b["text"] for b in blocks(view, "text"))
@@ -356,12 +411,13 @@ async def test_a_permission_answered_on_the_web_is_resolved_for_everyone(sock_pa
         reply = await web.post("/api/permission", body)
         assert reply.status == 200, reply.text
         assert reply.json()["ok"] is True
-        assert reply.json()["decision"]["by"] == WEB_NAME
+        assert by_web(reply.json()["decision"]["by"]), reply.json()
         with trio.fail_after(DEADLINE):
             batch = await resolved.__anext__()
         event = batch.events[0].event
         assert isinstance(event, PermissionResolved)
-        assert (event.request_id, event.by) == (request["request_id"], WEB_NAME)
+        assert event.request_id == request["request_id"]
+        assert by_web(event.by), event
         again = await web.post("/api/permission", body)
         assert again.status == 409
         error = again.json()
@@ -381,7 +437,7 @@ async def test_cancel_from_the_web(sock_path: Path) -> None:
             "the cancelled run",
             lambda s: s[run["session_id"]]["run_status"] == "cancelled" and s[run["session_id"]],
         )
-        assert view["cancelled_by"] == WEB_NAME
+        assert by_web(view["cancelled_by"]), view
         assert blocks(view, "permission")[0]["state"] == "cancelled"
         again = await web.post("/api/cancel", {"run_id": run["run_id"]})
         assert (again.status, again.json()["error"]) == (409, "run_finished")
@@ -391,7 +447,7 @@ async def test_cancel_from_the_web(sock_path: Path) -> None:
 
 async def test_bad_requests_get_a_clear_error_and_nothing_else_is_lost(sock_path: Path) -> None:
     async with web_server(sock_path) as web:
-        http, params = web.http, web.token
+        http = web.http
         cases: list[tuple[str, bytes, int, str]] = [
             ("/api/permission", b"not json", 400, "not JSON"),
             ("/api/permission", b"[1, 2]", 400, "invalid body"),
@@ -403,18 +459,18 @@ async def test_bad_requests_get_a_clear_error_and_nothing_else_is_lost(sock_path
             ("/api/cancel", b"x" * (70 << 10), 413, "over"),
         ]
         for path, body, status, words in cases:
-            response = await http.post(path, params=params, body=body)
+            response = await http.post(path, body=body, headers=web.page())
             assert response.status == status, (path, body[:40], response.text)
             error = response.json()
             assert error["ok"] is False
             assert words in error["message"], error
-        wrong_method = await http.get("/api/permission", params=params)
+        wrong_method = await http.get("/api/permission", headers=web.auth)
         assert wrong_method.status == 405
-        missing = await http.get("/nope", params=params)
+        missing = await http.get("/nope", headers=web.auth)
         assert missing.status == 404
         # Still serving, still connected to the daemon.
         async with event_stream(web) as stream:
-            await web.client.publish(TextDelta(message_id="m", text="still here"), session_id="s")
+            await web.agent.publish(TextDelta(message_id="m", text="still here"), session_id="s")
             await stream.wait_for("the event", lambda s: "s" in s)
 
 
@@ -424,14 +480,17 @@ async def test_bad_requests_get_a_clear_error_and_nothing_else_is_lost(sock_path
 async def test_a_browser_that_does_not_read_holds_up_nobody(sock_path: Path) -> None:
     async with web_server(sock_path) as web:
         stuck = await trio.open_tcp_stream("127.0.0.1", web.bridge.port)
-        request = f"GET /events?token={web.bridge.token} HTTP/1.1\r\nHost: x\r\n\r\n"
+        request = (
+            f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{web.bridge.port}\r\n"
+            f"X-Busd-Token: {web.bridge.token}\r\n\r\n"
+        )
         await stuck.send_all(request.encode())  # and never reads a byte
         async with event_stream(web) as stream:
             await stream.next()  # the first snapshot: this browser is registered
             chunk = "x" * 200_000
             for _ in range(40):  # snapshots of up to 8 MB: far more than socket buffers hold
-                await web.client.publish(TextDelta(message_id="m", text=chunk), session_id="big")
-                await web.client.flush()
+                await web.agent.publish(TextDelta(message_id="m", text=chunk), session_id="big")
+                await web.agent.flush()
             size = len(chunk) * 40
             await stream.wait_for(
                 "the whole text",
@@ -485,10 +544,14 @@ def test_a_restarted_daemon_starts_the_views_afresh() -> None:
 # -- the command ---------------------------------------------------------------------
 
 
-async def test_the_command_prints_its_url_and_stops_on_sigterm(sock_path: Path) -> None:
+@pytest.mark.parametrize("read_only", [False, True], ids=["answering", "read-only"])
+async def test_the_command_prints_its_url_and_stops_on_sigterm(
+    sock_path: Path, read_only: bool
+) -> None:
+    command = [sys.executable, "-m", "busd", "web", "--socket", str(sock_path), "--name", "web@cli"]
     async with running_daemon(sock_path):
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "busd", "web", "--socket", str(sock_path), "--name", "web@cli"],
+            command + ["--read-only"] * read_only,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -503,12 +566,25 @@ async def test_the_command_prints_its_url_and_stops_on_sigterm(sock_path: Path) 
                     printed += chunk
             found = re.search(r"http://127\.0\.0\.1:(\d+)/\?token=(\S+)", printed.decode())
             assert found is not None, printed
-            http = Http(int(found.group(1)))
+            port, token = int(found.group(1)), found.group(2)
+            http = Http(port)
             assert (await http.get("/")).status == 403
-            page = await http.get("/", params={"token": found.group(2)})
-            assert page.status == 200
-            sessions = await http.get("/api/sessions", params={"token": found.group(2)})
+            page = await http.get("/", params={"token": token})
+            assert (page.status, page.headers["location"]) == (303, "/")
+            sessions = await http.get("/api/sessions", headers={"x-busd-token": token})
             assert sessions.json()["name"] == "web@cli"
+            assert sessions.json()["read_only"] is read_only
+            cancel = await http.post(
+                "/api/cancel",
+                body=b'{"run_id": "nope"}',
+                headers={
+                    "x-busd-token": token,
+                    "origin": f"http://127.0.0.1:{port}",
+                    "content-type": "application/json",
+                },
+            )
+            expected = (403, "read_only") if read_only else (404, "unknown_run")
+            assert (cancel.status, cancel.json()["error"]) == expected
             process.send_signal(signal.SIGTERM)
             with trio.fail_after(DEADLINE):
                 assert await process.wait() == 0, await process.stderr.receive_some()

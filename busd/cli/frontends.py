@@ -52,13 +52,18 @@ def watch(
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address to listen on (the page still wants the token from the printed URL).",
+    help="Address to listen on (requests must name it or a loopback name as their Host).",
 )
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=0, help="Port (default 0: a free one)."
 )
 @click.option("--name", default=None, help="Client name, the `by` of answers [web@host:pid].")
-def web(socket_path: Path | None, host: str, port: int, name: str | None) -> None:
+@click.option(
+    "--read-only",
+    is_flag=True,
+    help="Only show: connect as an observer, no permission answers, no cancels.",
+)
+def web(socket_path: Path | None, host: str, port: int, name: str | None, read_only: bool) -> None:
     """Serve the sessions to browsers: prints the URL to open (with its access token)."""
     from ..frontends.web import run_web
 
@@ -69,7 +74,17 @@ def web(socket_path: Path | None, host: str, port: int, name: str | None) -> Non
         click.echo(f"busd web: open {url}")
 
     try:
-        run_client(partial(run_web, path, host=host, port=port, name=name, on_ready=ready))
+        run_client(
+            partial(
+                run_web,
+                path,
+                host=host,
+                port=port,
+                name=name,
+                on_ready=ready,
+                read_only=read_only,
+            )
+        )
     except OSError as exc:  # the address is taken or cannot be bound
         fail(f"cannot listen on {host}:{port}: {exc}")
 

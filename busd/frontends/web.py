@@ -13,9 +13,12 @@ throttled per browser (:data:`MIN_INTERVAL`), so a burst of deltas costs one
 snapshot per session.
 
 The server binds to loopback, where every other user's programs (browsers
-included) can reach it too: every route that shows or changes anything wants
-the random token from the printed URL (``?token=`` or ``X-Busd-Token``).
-The wire format is in docs/frontends.md.
+included) can reach it too, and the browser showing the page runs other
+sites' pages too: :mod:`busd.frontends.webguard` checks the Host, the
+origin of what changes anything, and who asks (the printed URL's token is
+exchanged for a session cookie). ``read_only`` makes a bridge that only
+shows: it connects as an ``observer`` and refuses every answer. The wire
+format is in docs/frontends.md.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from importlib import resources
-from typing import Any, TypeVar, cast
-from urllib.parse import parse_qs, quote
+from typing import Any, Literal, TypeVar, cast
+from urllib.parse import quote
 
 import msgspec
 import trio
@@ -42,6 +45,14 @@ from hypercorn.typing import ASGIFramework
 from ..client import Batch, Client, ClientSubscription, ConnectionLost, RequestFailed, connect
 from ..core.events import StreamingStats
 from .view import SessionView, Views
+from .webguard import (
+    SECURITY_HEADERS,
+    Access,
+    Refused,
+    check_fetch_site,
+    check_host,
+    check_state_change,
+)
 
 __all__ = ["Browser", "WebBridge", "default_name", "run_web", "serve_web"]
 
@@ -74,18 +85,8 @@ _STATUS = {
     "unknown_request": 404,
     "unknown_run": 404,
     "invalid_option": 400,
+    "forbidden": 403,  # the daemon: this connection's role may not do that
 }
-
-_SECURITY_HEADERS = [
-    (b"cache-control", b"no-store"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),  # the token is in the page's URL
-    (
-        b"content-security-policy",
-        b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-        b"img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-    ),
-]
 
 _T = TypeVar("_T")
 
@@ -105,14 +106,6 @@ class PermissionBody(msgspec.Struct, kw_only=True):
 class CancelBody(msgspec.Struct, kw_only=True):
     run_id: str
     reason: str | None = None
-
-
-class _Refused(Exception):
-    """A request the bridge answers with an error status and a JSON body."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 def default_name() -> str:
@@ -164,10 +157,13 @@ class WebBridge:
         *,
         token: str,
         name: str,
+        read_only: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.token = token
+        self.access = Access(token)
         self.name = name
+        self.read_only = read_only
         self.clock = clock
         self.views = Views()
         self.browsers: set[Browser] = set()
@@ -224,6 +220,7 @@ class WebBridge:
         return {
             "now": now,
             "name": self.name,
+            "read_only": self.read_only,
             "sessions": [view.snapshot(now) for view in self.views.sessions.values()],
         }
 
@@ -280,48 +277,59 @@ class WebBridge:
             return
         if scope["type"] != "http":
             return  # websockets: hypercorn closes them
-        method, path = scope["method"], scope["path"]
         try:
-            if path.startswith("/static/") and path[8:] in STATIC:
-                _allow(method, "GET", "HEAD")
-                await _static(send, path[8:])
-                return
-            if not self._authorized(scope):
-                await _respond(send, 403, b"forbidden: open the URL busd web printed\n")
-                return
-            if path in ("/", "/index.html"):
-                _allow(method, "GET", "HEAD")
-                await _static(send, "index.html")
-            elif path == "/events":
-                _allow(method, "GET")
-                await self._events(receive, send)
-            elif path == "/api/sessions":
-                _allow(method, "GET")
-                await _json(send, 200, self.full(self.clock()))
-            elif path == "/api/permission":
-                _allow(method, "POST")
-                await _json(send, 200, await self._permission(receive))
-            elif path == "/api/cancel":
-                _allow(method, "POST")
-                await _json(send, 200, await self._cancel(receive))
-            else:
-                raise _Refused(404, "not_found", f"no such page: {path}")
-        except _Refused as refused:
+            await self._route(scope, receive, send)
+        except Refused as refused:
+            if refused.status in (403, 421):  # someone without the right to: worth a line
+                method, path = scope["method"], scope["path"]
+                logger.warning(
+                    "refused %s %r (%s): %s", method, path, refused.code, refused.message
+                )
             await _json(
                 send,
                 refused.status,
                 {"ok": False, "error": refused.code, "message": refused.message},
             )
 
-    def _authorized(self, scope: Scope) -> bool:
-        given: str | None = None
-        for key, value in scope["headers"]:
-            if key == b"x-busd-token":
-                given = value.decode("latin-1")
-        if given is None:
-            query = parse_qs(scope["query_string"].decode("latin-1"))
-            given = query.get("token", [None])[0]
-        return given is not None and secrets.compare_digest(given.encode(), self.token.encode())
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The checks in the order docs/frontends.md gives them, then the route."""
+        method, path = scope["method"], scope["path"]
+        host = check_host(scope)  # before anything else: a rebound name learns nothing
+        if path.startswith("/static/") and path[8:] in STATIC:
+            _allow(method, "GET", "HEAD")
+            await _static(send, path[8:])
+            return
+        if method not in ("GET", "HEAD"):
+            check_state_change(scope, host)
+        if path in ("/", "/index.html") and self.access.exchanges(scope):
+            _allow(method, "GET", "HEAD")
+            # The token bought a cookie: a URL without it, out of the address bar and history.
+            cookie = (b"set-cookie", self.access.set_cookie(scope))
+            await _respond(send, 303, b"", headers=[(b"location", b"/"), cookie])
+            return
+        if not self.access.authorized(scope):
+            raise Refused(403, "unauthorized", "open the URL busd web printed (it has the token)")
+        if path in ("/", "/index.html"):
+            _allow(method, "GET", "HEAD")
+            await _static(send, "index.html")
+            return
+        check_fetch_site(scope, "same-origin", "none")  # data for this page only
+        if path == "/events":
+            _allow(method, "GET")
+            await self._events(receive, send)
+        elif path == "/api/sessions":
+            _allow(method, "GET")
+            await _json(send, 200, self.full(self.clock()))
+        elif path in ("/api/permission", "/api/cancel"):
+            _allow(method, "POST")
+            if self.read_only:
+                raise Refused(403, "read_only", "this busd web only shows (--read-only)")
+            if path == "/api/permission":
+                await _json(send, 200, await self._permission(receive))
+            else:
+                await _json(send, 200, await self._cancel(receive))
+        else:
+            raise Refused(404, "not_found", f"no such page: {path}")
 
     async def _events(self, receive: Receive, send: Send) -> None:
         browser = Browser()
@@ -329,7 +337,7 @@ class WebBridge:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", b"text/event-stream"), *_SECURITY_HEADERS],
+                "headers": [(b"content-type", b"text/event-stream"), *SECURITY_HEADERS],
             }
         )
         self.browsers.add(browser)
@@ -345,7 +353,7 @@ class WebBridge:
     async def _permission(self, receive: Receive) -> dict[str, Any]:
         body = _decode(await _body(receive), PermissionBody)
         if body.option_id is None and body.allow is None:
-            raise _Refused(400, "bad_request", "give option_id or allow")
+            raise Refused(400, "bad_request", "give option_id or allow")
         decision = await self._ask(
             lambda client: client.reply_permission(
                 body.request_id, option_id=body.option_id, allow=body.allow, reason=body.reason
@@ -361,17 +369,17 @@ class WebBridge:
     async def _ask(self, call: Callable[[Client], Awaitable[Any]]) -> Any:
         client = self.client
         if client is None:
-            raise _Refused(503, "daemon_unavailable", "not connected to the daemon")
+            raise Refused(503, "daemon_unavailable", "not connected to the daemon")
         try:
             with trio.fail_after(REQUEST_TIMEOUT):
                 return await call(client)
         except RequestFailed as exc:
             message = str(exc).partition(": ")[2] or exc.code
-            raise _Refused(_STATUS.get(exc.code, 502), exc.code, message) from None
+            raise Refused(_STATUS.get(exc.code, 502), exc.code, message) from None
         except (ConnectionLost, trio.ClosedResourceError) as exc:
-            raise _Refused(503, "daemon_unavailable", f"lost the daemon: {exc}") from None
+            raise Refused(503, "daemon_unavailable", f"lost the daemon: {exc}") from None
         except trio.TooSlowError:
-            raise _Refused(504, "daemon_timeout", "the daemon did not answer in time") from None
+            raise Refused(504, "daemon_timeout", "the daemon did not answer in time") from None
 
 
 def _status(view: SessionView, now: float) -> bytes:
@@ -400,9 +408,7 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 
 def _allow(method: str, *allowed: str) -> None:
     if method not in allowed:
-        raise _Refused(
-            405, "method_not_allowed", f"{method} is not allowed here (use {allowed[0]})"
-        )
+        raise Refused(405, "method_not_allowed", f"{method} is not allowed here (use {allowed[0]})")
 
 
 async def _respond(
@@ -410,13 +416,15 @@ async def _respond(
     status: int,
     body: bytes,
     content_type: bytes = b"text/plain; charset=utf-8",
+    headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
-    headers = [
+    fields = [
         (b"content-type", content_type),
         (b"content-length", str(len(body)).encode()),
-        *_SECURITY_HEADERS,
+        *SECURITY_HEADERS,
+        *headers,
     ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": fields})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -435,10 +443,10 @@ async def _body(receive: Receive) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _Refused(400, "bad_request", "the request ended early")
+            raise Refused(400, "bad_request", "the request ended early")
         chunks += message.get("body", b"")
         if len(chunks) > MAX_BODY:
-            raise _Refused(413, "too_large", f"the body is over {MAX_BODY} bytes")
+            raise Refused(413, "too_large", f"the body is over {MAX_BODY} bytes")
         if not message.get("more_body", False):
             return bytes(chunks)
 
@@ -447,9 +455,9 @@ def _decode(data: bytes, kind: type[_T]) -> _T:
     try:
         return msgspec.json.decode(data, type=kind)
     except msgspec.ValidationError as exc:
-        raise _Refused(400, "bad_request", f"invalid body: {exc}") from None
+        raise Refused(400, "bad_request", f"invalid body: {exc}") from None
     except msgspec.DecodeError as exc:
-        raise _Refused(400, "bad_request", f"the body is not JSON: {exc}") from None
+        raise Refused(400, "bad_request", f"the body is not JSON: {exc}") from None
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -472,6 +480,7 @@ async def serve_web(
     port: int = 0,
     name: str | None = None,
     token: str | None = None,
+    read_only: bool = False,
     task_status: trio.TaskStatus[WebBridge] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Connect to the daemon, fold its stream and serve browsers until ``stop()``.
@@ -480,12 +489,18 @@ async def serve_web(
     (``bridge.url`` carries the token); port 0 picks a free one. A lost
     daemon connection is re-established (the views resume where they were);
     if the daemon refuses it for good, the server stops and ``bridge.lost``
-    says why.
+    says why. ``read_only`` connects as an ``observer`` and refuses every
+    answer and cancel itself.
     """
-    bridge = WebBridge(token=token or secrets.token_urlsafe(24), name=name or default_name())
+    bridge = WebBridge(
+        token=token or secrets.token_urlsafe(24),
+        name=name or default_name(),
+        read_only=read_only,
+    )
+    role: Literal["observer", "frontend"] = "observer" if read_only else "frontend"
     try:
         async with (
-            connect(socket_path, client=bridge.name, reconnect=True) as client,
+            connect(socket_path, client=bridge.name, role=role, reconnect=True) as client,
             client.subscribe([">"], since_seq=0) as subscription,
         ):
             bridge.client = client
@@ -508,10 +523,15 @@ async def _serve(
         binds: list[str] = await nursery.start(_serve_http, bridge, _config(host, port))
         base = binds[0]
         bridge.port = int(base.rsplit(":", 1)[1])
+        for anywhere, loopback in _UNSPECIFIED.items():  # bound to every address: print one
+            base = base.replace(anywhere, loopback, 1)
         bridge.url = f"{base}/?token={quote(bridge.token)}"
         task_status.started(bridge)
         await bridge.served.wait()
         nursery.cancel_scope.cancel()  # the pump
+
+
+_UNSPECIFIED = {"//0.0.0.0:": "//127.0.0.1:", "//[::]:": "//[::1]:"}
 
 
 @contextmanager
@@ -559,6 +579,7 @@ async def run_web(
     port: int,
     name: str | None,
     on_ready: Callable[[str], None],
+    read_only: bool = False,
 ) -> int:
     """``busd web``: serve until SIGINT or SIGTERM, then end the streams and exit 0."""
 
@@ -573,7 +594,9 @@ async def run_web(
     ):
         async with trio.open_nursery() as nursery:
             bridge: WebBridge = await nursery.start(
-                partial(serve_web, socket_path, host=host, port=port, name=name)
+                partial(
+                    serve_web, socket_path, host=host, port=port, name=name, read_only=read_only
+                )
             )
             on_ready(bridge.url)
             nursery.start_soon(stop_on_signal, bridge)

@@ -2,11 +2,14 @@
 // Every figure (status line, summary, context) comes computed from the server,
 // the same model `busd watch` renders; only the live timers of thinking and
 // tool blocks tick here, from their start time and the server's clock.
+// Access is the session cookie busd web set when the printed URL was opened
+// (HttpOnly: this script never sees it); answers are JSON POSTs, which the
+// server takes from this origin only.
 "use strict";
 
 (() => {
-  const token = new URLSearchParams(location.search).get("token") || "";
   const state = {
+    readOnly: false, // busd web --read-only: show, never answer nor cancel
     sessions: new Map(), // session_id -> snapshot
     selected: null,
     pinned: false, // the user chose a tab: stop following the latest activity
@@ -196,7 +199,12 @@
       ),
       el("div", { class: "permission-input" }, inputSummary(block.input)),
     );
-    if (block.state === "pending") {
+    if (block.state === "pending" && state.readOnly) {
+      card.append(
+        el("div", { class: "permission-resolution", testid: "permission-read-only" },
+          "waiting for an answer (this page is read-only)"),
+      );
+    } else if (block.state === "pending") {
       const answer = (body) => () => postPermission(view.session_id, id, body);
       const options = block.options.length
         ? block.options.map((option) =>
@@ -285,7 +293,7 @@
   }
 
   function renderSession(view) {
-    const running = view.run_status === "running" && view.run_id;
+    const running = view.run_status === "running" && view.run_id && !state.readOnly;
     const runError = view.run_id ? state.errors.get(view.run_id) : null;
     return el(
       "section",
@@ -411,7 +419,7 @@
   }
 
   function connect() {
-    const source = new EventSource(`/events?token=${encodeURIComponent(token)}`);
+    const source = new EventSource("/events"); // the cookie goes along: same origin
     const setConnection = (name, text) => {
       $connection.dataset.state = name;
       $connection.textContent = text;
@@ -419,7 +427,7 @@
     source.addEventListener("open", () => setConnection("live", "live"));
     source.addEventListener("error", () => {
       if (source.readyState === EventSource.CLOSED) {
-        setConnection("closed", "disconnected (is the token right? reload to retry)");
+        setConnection("closed", "disconnected (reload, or open the URL busd web printed)");
       } else {
         setConnection("reconnecting", "reconnecting…");
       }
@@ -427,7 +435,9 @@
     source.addEventListener("snapshot", (event) => {
       const data = JSON.parse(event.data);
       clock(data.now);
-      $name.textContent = `answering as ${data.name}`;
+      state.readOnly = Boolean(data.read_only);
+      document.body.dataset.readOnly = String(state.readOnly);
+      $name.textContent = state.readOnly ? `read-only: ${data.name}` : `answering as ${data.name}`;
       state.sessions = new Map(data.sessions.map((view) => [view.session_id, view]));
       render();
     });
@@ -465,7 +475,7 @@
     try {
       const response = await fetch(path, {
         method: "POST",
-        headers: { "content-type": "application/json", "x-busd-token": token },
+        headers: { "content-type": "application/json" }, // not a simple request: never cross-site
         body: JSON.stringify(body),
       });
       const reply = await response.json().catch(() => ({}));
