@@ -62,6 +62,7 @@ from .wire import (
     Publish,
     Reply,
     Request,
+    Role,
     StartRun,
     Subscribe,
     Unsubscribe,
@@ -69,7 +70,7 @@ from .wire import (
     encode_frame,
     server_frame_decoder,
 )
-from .wire.address import resolve_socket_path
+from .wire.address import resolve_socket_path, untrusted_server
 
 __all__ = [
     "Acked",
@@ -194,7 +195,7 @@ class Client:
         path: Path,
         *,
         client: str,
-        role: Literal["frontend", "agent", "responder", "admin"],
+        role: Role,
         catalog: Catalog,
         reconnect: bool,
     ) -> None:
@@ -243,7 +244,9 @@ class Client:
                     raise _connect_error(path, exc) from exc
                 await trio.sleep(0.01)  # a full listen queue drains fast
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        try:
+        try:  # not a byte, the hello included, to a server run by another uid (not root)
+            if (refusal := untrusted_server(stream.socket, path)) is not None:
+                raise ConnectionLost("forbidden", refusal)
             return await self._hello(stream)
         except BaseException as exc:
             await trio.aclose_forcefully(stream)
@@ -296,8 +299,9 @@ class Client:
                 backoff = min(backoff * 2, 5.0)
                 try:
                     stream = await self._open()
-                except (OSError, ConnectionLost) as exc:
-                    logger.info("reconnect failed: %s", exc)
+                except (OSError, ConnectionLost) as exc:  # a stranger at the path: say so loudly
+                    loud = isinstance(exc, ConnectionLost) and exc.reason == "forbidden"
+                    (logger.warning if loud else logger.info)("reconnect failed: %s", exc)
                     continue
                 break
             backoff = 0.1
@@ -308,7 +312,7 @@ class Client:
         frames: list[Frame | Outgoing[Event]] = []
         for sub in self._subs.values():
             since = sub.last_seq if sub.last_seq is not None else sub.frame.since_seq
-            frames.append(_replace_since(sub.frame, since))
+            frames.append(msgspec.structs.replace(sub.frame, since_seq=since))
         self._frames[:0] = frames
         self._wake_writer.set()
 
@@ -492,7 +496,7 @@ class Client:
         refused = len(self.errors)
         result = await self._ask(lambda ack: Publish(events=[], ack=ack))
         for frame in self.errors[refused:]:  # error frames come before the reply
-            if frame.ref is None and frame.code in ("invalid_event", "unknown_sdk"):
+            if frame.ref is None and frame.code in ("invalid_event", "unknown_sdk", "forbidden"):
                 raise RequestFailed(frame.code, frame.message)
         return Acked(result["first_seq"], result["last_seq"], result["journaled"])
 
@@ -653,16 +657,12 @@ def _connect_error(path: str, exc: OSError) -> ConnectionError:
     return DaemonNotRunning(f"no busd daemon at {path} ({exc.strerror}; start one: `busd serve`)")
 
 
-def _replace_since(frame: Subscribe, since_seq: int | None) -> Subscribe:
-    return msgspec.structs.replace(frame, since_seq=since_seq)
-
-
 @asynccontextmanager
 async def connect(
     path: str | os.PathLike[str] | None = None,
     *,
     client: str = f"busd-python/{__version__}",
-    role: Literal["frontend", "agent", "responder", "admin"] = "frontend",
+    role: Role = "frontend",
     catalog: Catalog | None = None,
     reconnect: bool = False,
 ) -> AsyncIterator[Client]:

@@ -42,8 +42,8 @@ def run_client(main_fn: Callable[[], Awaitable[int]]) -> NoReturn:
         code = trio.run(main_fn)
     except DaemonNotRunning as exc:
         fail(str(exc))
-    except ConnectionLost as exc:
-        fail(f"lost the daemon ({exc})")
+    except ConnectionLost as exc:  # refused at the door is not lost: say just why
+        fail(str(exc) if exc.reason == "forbidden" else f"lost the daemon ({exc})")
     except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(code)

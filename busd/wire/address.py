@@ -4,7 +4,9 @@ Both ends follow the same rule, so it lives with the protocol rather than in
 the daemon: ``--socket PATH``, else ``$BUSD_SOCKET``, else
 ``$XDG_RUNTIME_DIR/busd/bus.sock``, made absolute and checked against the
 ``sun_path`` limit of 107 bytes. ``SO_PEERCRED`` tells either end who is on
-the other side of a Unix socket.
+the other side of a Unix socket, and each end trusts the same peers: its own
+uid and root (:func:`peer_allowed` for the daemon, :func:`server_allowed`
+and :func:`untrusted_server` for a client).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ __all__ = [
     "peer_allowed",
     "peer_credentials",
     "resolve_socket_path",
+    "server_allowed",
+    "untrusted_server",
 ]
 
 MAX_SOCKET_PATH: Final = 107
@@ -103,3 +107,34 @@ def peer_allowed(creds: PeerCredentials, *, server_uid: int | None = None) -> bo
     if server_uid is None:
         server_uid = os.getuid()
     return creds.uid == server_uid or creds.uid == 0
+
+
+def server_allowed(creds: PeerCredentials, *, client_uid: int | None = None) -> bool:
+    """Whether a client may talk to a server: one run by the client's uid (default: ours), or root.
+
+    The mirror of :func:`peer_allowed`. It matters where others can write to
+    the socket's directory (``/tmp``): whoever binds the path first gets the
+    connections, so a client checks before it sends a byte, its hello included.
+    """
+    if client_uid is None:
+        client_uid = os.getuid()
+    return creds.uid == client_uid or creds.uid == 0
+
+
+def untrusted_server(
+    sock: _HasGetsockopt, path: str | os.PathLike[str], *, client_uid: int | None = None
+) -> str | None:
+    """Why a client must not talk to the server at the other end of ``sock``; None if it may.
+
+    ``sock`` is connected to ``path`` (named in the message only). The answer
+    is one line naming the server's uid and pid, and the client's uid.
+    """
+    if client_uid is None:
+        client_uid = os.getuid()
+    creds = peer_credentials(sock)
+    if server_allowed(creds, client_uid=client_uid):
+        return None
+    return (
+        f"busd at {os.fspath(path)} is run by uid {creds.uid} (pid {creds.pid}), "
+        f"not by you (uid {client_uid}) or root: refusing to talk to it"
+    )
