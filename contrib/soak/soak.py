@@ -232,7 +232,7 @@ class Wire:
         wire = cls(stream)
         churn.connections += 1
         try:
-            await wire.send({"op": "hello", "protocol": 1, "client": name})
+            await wire.send({"op": "hello", "protocol": 1, "client": name, "role": "admin"})
         except Lost as exc:
             churn.connect_failures[f"hello not sent: {exc}"] += 1
             await wire.close()
