@@ -1065,6 +1065,7 @@ def test_a_subscription_filters_journal_rows_as_it_filters_envelopes() -> None:
         sessions=["s1"],
         owned_only=True,
         dispatcher=BatchDispatcher(_nowhere),
+        owned={"r"},
     )
     cases = [
         envelope(1, session="s1", run_id="r"),
@@ -1073,11 +1074,12 @@ def test_a_subscription_filters_journal_rows_as_it_filters_envelopes() -> None:
         envelope(4, session="s1", run_id="r", stale=True),
         envelope(5, SessionStart(), session="s1", run_id="r"),
         envelope(6, RunFinished(status="ok", duration_s=1.0), session="s1", run_id="r"),
+        envelope(7, session="s1", run_id="someone-else's"),
     ]
     for e in cases:
         row = (e.event.__struct_config__.tag, e.session_id, e.run_id, e.stale)
         assert sub.wants_row(*row) == sub.wants(e), e  # type: ignore[arg-type]
-    assert [sub.wants(e) for e in cases] == [True, False, False, False, False, True]
+    assert [sub.wants(e) for e in cases] == [True, False, False, False, False, True, False]
 
 
 def test_the_registry_names_the_adapter_and_says_who_changed() -> None:

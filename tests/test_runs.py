@@ -432,3 +432,38 @@ async def test_the_watchdog_waits_while_a_person_decides(autojump_clock: trio.ab
         nursery.cancel_scope.cancel()
     assert summary.status == "ok"
     assert [d.outcome for d in driver.decisions] == ["allowed"]
+
+
+async def test_owned_only_is_the_runs_this_client_started(sock_path: Path) -> None:
+    """Another client's run is not ours; our own is, also after we reconnect."""
+    daemon = make_daemon(ScriptDriver())
+    watcher = Watcher(daemon)
+    wanted = ["busd.run.>", "stream.text.complete"]
+    async with (
+        serving(sock_path, daemon),
+        connect(sock_path, client="mine") as mine,
+        connect(sock_path, client="theirs") as theirs,
+        mine.subscribe(wanted, owned_only=True, window_ms=0) as own_sub,
+    ):
+        their_run = await theirs.start_run("script", "ok")
+        my_run = await mine.start_run("script", "hang")
+        await watcher.finished(their_run["run_id"])
+        async with connect(sock_path, client="mine") as again:  # same process, same name
+            async with again.subscribe(wanted, owned_only=True, since_seq=0, window_ms=0) as sub:
+                await again.cancel_run(my_run["run_id"])
+                await watcher.finished(my_run["run_id"])
+                replayed = await _events_until_finished(sub)
+        live = await _events_until_finished(own_sub)
+    for seen in (live, replayed):
+        assert {e.run_id for e in seen} == {my_run["run_id"]}
+        assert isinstance(seen[-1].event, RunFinished)
+
+
+async def _events_until_finished(sub: Any) -> list[Envelope[Event]]:
+    seen: list[Envelope[Event]] = []
+    with trio.fail_after(20):
+        async for batch in sub:
+            seen += batch.events
+            if any(isinstance(e.event, RunFinished) for e in batch.events):
+                return seen
+    return seen

@@ -505,6 +505,7 @@ class Connection:
                 sessions=frame.sessions,
                 owned_only=frame.owned_only,
                 dispatcher=dispatcher,
+                owned=self.daemon.runs.started_by(self.name) if frame.owned_only else frozenset(),
             )
         except InvalidPattern as exc:
             self._queue(Error(code=INVALID_PATTERN, message=str(exc), ref=sub_id))

@@ -22,6 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -166,6 +167,7 @@ class Subscription:
         "dispatcher",
         "id",
         "on_error",
+        "owned",
         "owned_only",
         "patterns",
         "sessions",
@@ -180,12 +182,15 @@ class Subscription:
         sessions: Iterable[str] | None,
         owned_only: bool,
         dispatcher: BatchDispatcher,
+        owned: AbstractSet[str] = frozenset(),
     ) -> None:
         self.connection_id = connection_id
         self.id = sub_id
         self.patterns = [Pattern(p) for p in patterns]  # InvalidPattern for a bad one
         self.sessions = frozenset(sessions) if sessions is not None else None
         self.owned_only = owned_only
+        self.owned = owned
+        """With ``owned_only``: the ids of the runs this client started (a live set)."""
         self.dispatcher = dispatcher
         self._matches: dict[type[Event], bool] = {}
         self._names: dict[str, bool] = {}
@@ -203,7 +208,7 @@ class Subscription:
         """:meth:`wants` for a journaled event, from its columns (no decoding)."""
         if self.sessions is not None and session_id not in self.sessions:
             return False
-        if self.owned_only and (run_id is None or stale):
+        if self.owned_only and (stale or run_id not in self.owned):
             return False
         return self.matches(name)
 
@@ -223,7 +228,7 @@ class Subscription:
         """The per-event part of the filter: sessions and ownership."""
         if self.sessions is not None and envelope.session_id not in self.sessions:
             return False
-        return not (self.owned_only and (envelope.run_id is None or envelope.stale))
+        return not (self.owned_only and (envelope.stale or envelope.run_id not in self.owned))
 
     def wants(self, envelope: Envelope[Event]) -> bool:
         if not self.admits(envelope):

@@ -175,6 +175,7 @@ class RunManager:
         self._active_by_session: dict[str, str] = {}
         self._sdk_sessions: dict[str, str] = {}
         self._driven: set[str] = set()  # every session a run of ours has had
+        self._started: dict[str, set[str]] = {}  # who started them: identity -> run ids
         daemon.bus.on_all(self._observe)
 
     # -- commands -------------------------------------------------------------------
@@ -249,6 +250,7 @@ class RunManager:
         self._runs[run_id] = state
         self._active_by_session[session] = run_id
         self._driven.add(session)
+        self.started_by(started_by).add(run_id)
         self.daemon.correlator.start_run(run_id, session_id=session, request_id=request_id)
         self.daemon.publish(
             RunStarted(adapter=adapter, model=request.model, request_id=request_id, prompt=prompt),
@@ -279,6 +281,14 @@ class RunManager:
 
     def runs(self) -> list[dict[str, Any]]:
         return [state.summary() for state in self._runs.values()]
+
+    def started_by(self, identity: str) -> set[str]:
+        """The ids of the runs ``identity`` started, a set that grows as it starts more.
+
+        ``owned_only`` subscriptions hold it: a client that reconnects (same
+        name, same process) still owns its runs.
+        """
+        return self._started.setdefault(identity, set())
 
     def _had_run(self, session_id: str) -> bool:
         state = self.daemon.sessions.get(session_id)
