@@ -294,7 +294,7 @@ async def test_one_run_per_session_and_sessions_run_concurrently(
         again = daemon.runs.start(adapter="script", prompt="ok", started_by="a", session_id=session)
         assert (await watcher.finished(again.run_id)).status == "ok"
         nursery.cancel_scope.cancel()
-    with pytest.raises(Exception, match="no driver 'nope'"):
+    with pytest.raises(Exception, match=r"no adapter 'nope' \(adapters loaded: script\); drivers"):
         daemon.runs.start(adapter="nope", prompt="x", started_by="a")
 
 

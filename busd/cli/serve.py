@@ -42,7 +42,8 @@ UNJOURNALED = 3
     type=click.IntRange(1024),
     default=_DEFAULTS.outbound_cap,
     show_default=True,
-    help="Bytes queued for one client before it is dropped.",
+    help="Bytes of frames queued for one client; past it its batches wait (and coalesce), "
+    "and it is dropped when a subscription's buffer of events overflows too.",
 )
 @click.option(
     "--handshake-timeout",

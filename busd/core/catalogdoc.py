@@ -7,6 +7,7 @@ fails when the committed page differs from what the code says.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterable
 
 import msgspec
@@ -57,7 +58,7 @@ def _annotation(cls: type, name: str) -> str:
         if name in annotations:
             text = annotations[name]
             if text == "E":
-                return "Event (a map tagged by `type`)"
+                return "Event (a map tagged by type)"
             return text if isinstance(text, str) else getattr(text, "__name__", repr(text))
     return "?"
 
@@ -81,8 +82,19 @@ def _table(cls: type[msgspec.Struct]) -> list[str]:
     return rows
 
 
-def _section(title: str, cls: type[msgspec.Struct]) -> list[str]:
-    return [f"### `{title}`", "", _doc(cls), "", *_table(cls), ""]
+def _section(title: str, cls: type[msgspec.Struct], *, nested: bool = False) -> list[str]:
+    also = [f"Nested in other events as `{cls.__name__}` (this map, `type` included).", ""]
+    return [f"### `{title}`", "", _doc(cls), "", *(also if nested else []), *_table(cls), ""]
+
+
+def _nested(catalog: Catalog) -> set[str]:
+    """Class names of events that other events carry as a field (``busd.context``'s)."""
+    named: set[str] = set()
+    for name in catalog.names():
+        for klass in catalog.get(name).__mro__:
+            named.update(str(a) for a in getattr(klass, "__annotations__", {}).values())
+    words = set(re.findall(r"\w+", " ".join(named)))
+    return {catalog.get(n).__name__ for n in catalog.names()} & words
 
 
 def _families(names: Iterable[str]) -> dict[str, list[str]]:
@@ -96,10 +108,12 @@ def render_markdown(catalog: Catalog | None = None) -> str:
     """The whole catalog page: envelope, every event type, and the value types."""
     catalog = catalog if catalog is not None else Catalog()
     lines = [_PREAMBLE, "## Envelope", "", _doc(Envelope), "", *_table(Envelope), ""]
+    nested = _nested(catalog)
     for family, names in _families(catalog.names()).items():
         lines += [f"## `{family}`", ""]
         for name in names:
-            lines += _section(name, catalog.get(name))
+            cls = catalog.get(name)
+            lines += _section(name, cls, nested=cls.__name__ in nested)
     lines += ["## Value types", "", "Structs nested inside events (no `type` key).", ""]
     for value_type in VALUE_TYPES:
         lines += _section(value_type.__name__, value_type)

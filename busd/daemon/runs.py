@@ -208,7 +208,12 @@ class RunManager:
         else:
             chosen = self.drivers.get(adapter)
             if chosen is None:
-                raise RunRejected("unknown_adapter", f"no driver {adapter!r} (loaded: {loaded})")
+                if adapter in self.daemon.adapters:
+                    why = f"adapter {adapter!r} has no driver: busd translates its streams only"
+                else:
+                    adapters = ", ".join(sorted(self.daemon.adapters)) or "none"
+                    why = f"no adapter {adapter!r} (adapters loaded: {adapters})"
+                raise RunRejected("unknown_adapter", f"{why}; drivers loaded: {loaded}")
         paired: Adapter | None = self.daemon.adapters.get(adapter)
         if paired is None:
             adapters = ", ".join(sorted(self.daemon.adapters)) or "none"
