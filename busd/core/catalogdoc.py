@@ -37,9 +37,10 @@ _PREAMBLE = """\
 
 Every event travels inside an [envelope](#envelope). On the wire (msgpack or
 JSON) an event is a map whose `type` key holds its dotted name; the other keys
-are the fields below, by their Python names (snake_case). A field equal to its
-default is left out by the encoder and filled in by the decoder, so a client
-must treat a missing key as the default. New fields always come with a
+are the fields below, by their Python names (snake_case). Most fields equal to
+their default are left out by the encoder and filled in by the decoder, but a
+computed float or a nested struct at its default may be written out: a client
+treats a missing key and the default alike. New fields always come with a
 default, so older clients keep decoding newer streams.
 
 `stream.*` events come from agents through adapters; `busd.*` events are
