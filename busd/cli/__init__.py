@@ -31,6 +31,7 @@ def main() -> None:
 
 
 main.add_command(info.catalog)
+main.add_command(info.schema)
 main.add_command(frontends.demo)
 main.add_command(history.export)
 main.add_command(stream.ingest)

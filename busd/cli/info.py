@@ -1,4 +1,4 @@
-"""What busd knows and runs: ``busd catalog``, ``busd status``, ``busd plugins``."""
+"""What busd knows and runs: ``busd catalog``, ``schema``, ``status`` and ``plugins``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ..core.catalog import Catalog
 from ..core.catalogdoc import render_markdown
 from ..plugins.manager import PluginManager
 from ..wire.frames import Status
+from ..wire.schema import protocol_schema
 from ._common import resolve_socket, run_client, socket_option
 
 
@@ -34,6 +35,13 @@ def catalog(fmt: str) -> None:
     else:
         for name in types.names():
             click.echo(name)
+
+
+@click.command()
+def schema() -> None:
+    """Print the protocol's JSON Schema: every frame, result and event (docs/protocol.md)."""
+    text = msgspec.json.format(msgspec.json.encode(protocol_schema()), indent=2)
+    click.echo(text.decode())
 
 
 @click.command()

@@ -1,0 +1,101 @@
+"""What each ``request`` command answers: the ``result`` of its ``reply``, as types.
+
+The daemon builds some of these results as plain maps; these Structs are
+their contract, for the JSON Schema (``busd schema``) and the docs, and
+tests check the daemon's maps against them field for field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ..core.events import StreamingStats
+from ..core.permissions import PermissionDecision
+from ..core.sessions import SessionSnapshot, SessionSummary
+from .frames import Role
+
+__all__ = ["RESULTS", "RunSummary", "StartedRun", "StatusResult"]
+
+
+class _Result(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A result map: every key is listed (tests hold the daemon to it)."""
+
+
+class StatusResult(_Result, frozen=True):
+    """The ``status`` reply: what the daemon is, who is connected, what went wrong."""
+
+    server: str
+    socket: str | None
+    uptime_s: float
+    head_seq: int
+    events_per_s: float
+    """Accepted events per second over the last ten seconds."""
+    clients: int
+    """Connections past their ``hello``."""
+    handshakes: int
+    """Sockets still waiting to say ``hello``."""
+    clients_by_role: dict[Role, int]
+    subscriptions: int
+    sessions: int
+    connections_total: int
+    slow_consumer_disconnects: int
+    dropped_events: int
+    rejected_events: int
+    protocol_errors: int
+    internal_errors: int
+    refused_peers: int
+    handshake_timeouts: int
+    forbidden: int
+    repeated_hellos: int
+    roles: dict[Role, list[str]]
+    """Each role's rights in this daemon (docs/operations.md, "Trust model")."""
+    handler_errors: int
+    history: dict[str, Any]
+    """The replay ring's statistics (held, capacity, appended, evicted, ...)."""
+    journal: dict[str, Any] | None
+    """``null`` without a journal; else docs/journal.md, "Status"."""
+    adapters: list[str]
+    drivers: list[str]
+    runs_active: int
+    runs_total: int
+    plugins: list[str]
+    plugin_failures: int
+
+
+class StartedRun(_Result, frozen=True):
+    """The ``start_run`` reply, at once: the run's events follow on the bus."""
+
+    run_id: str
+    session_id: str
+
+
+class RunSummary(_Result, frozen=True):
+    """One run, as ``runs`` lists it and ``cancel_run`` answers it.
+
+    As of the answer: ``cancel_run``'s still says ``running``, since the run
+    ends on the bus, with ``busd.run.finished`` status ``cancelled``.
+    """
+
+    run_id: str
+    session_id: str
+    adapter: str
+    driver: str
+    status: Literal["running", "ok", "error", "cancelled", "timed_out"]
+    started_by: str
+    """The identity of the connection that started it (``name[pid=…,uid=…]``)."""
+
+
+RESULTS: dict[str, Any] = {
+    "status": StatusResult,
+    "sessions": list[SessionSummary],
+    "snapshot": SessionSnapshot,
+    "stats": StreamingStats,  # with a session_id
+    "stats.daemon": dict[str, dict[str, Any]],  # without: per component, its statistics
+    "start_run": StartedRun,
+    "cancel_run": RunSummary,
+    "permission_reply": PermissionDecision,
+    "runs": list[RunSummary],
+}
+"""Per ``cmd``, the type of a successful reply's ``result`` (``stats`` has two forms)."""

@@ -1,0 +1,82 @@
+"""The protocol as one JSON Schema: every frame, every request's result, every event.
+
+Generated from the msgspec types (``msgspec.json.schema_components``), so
+it cannot drift from what the daemon decodes and encodes; ``busd schema``
+prints it and docs/protocol.schema.json is a copy a test keeps current.
+Frames are msgpack on the wire; the schema describes the same maps as
+JSON (bytes and extension types never occur).
+
+Entry points, under ``$defs``: ``ClientFrame`` (what a client may send),
+``ServerFrame`` (what it receives; ``events`` carry ``Envelope``\\ s),
+``Envelope``, ``Event`` (any catalog event) and ``Result.<cmd>`` (the
+``result`` of a successful ``reply`` to that command).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from ..core.catalog import Catalog
+from ..core.events import Envelope
+from .frames import CLIENT_FRAMES, PROTOCOL_VERSION, SERVER_FRAMES, Events, Outgoing, Publish
+from .results import RESULTS
+
+__all__ = ["protocol_schema"]
+
+_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def protocol_schema(catalog: Catalog | None = None) -> dict[str, Any]:
+    """The JSON Schema of protocol version 1 over ``catalog``'s events."""
+    catalog = catalog if catalog is not None else Catalog()
+    event = catalog.union()
+    client = [Publish[event] if f is Publish else f for f in CLIENT_FRAMES]  # type: ignore[valid-type]
+    server = [Events[Envelope[event]] if f is Events else f for f in SERVER_FRAMES]  # type: ignore[valid-type]
+    entry_points: dict[str, Any] = {
+        "ClientFrame": Union[tuple(client)],  # noqa: UP007 - built at run time
+        "ServerFrame": Union[tuple(server)],  # noqa: UP007
+        "Envelope": Envelope[event],  # type: ignore[valid-type]
+        "Outgoing": Outgoing[event],  # type: ignore[valid-type]
+        "Event": event,
+        **{f"Result.{cmd}": kind for cmd, kind in RESULTS.items()},
+    }
+    schemas, defs = msgspec.json.schema_components(
+        entry_points.values(), ref_template="#/$defs/{name}"
+    )
+    renamed = _short_names(defs)
+    text = msgspec.json.encode(defs).decode()
+    for long, short in renamed.items():
+        text = text.replace(f'"#/$defs/{long}"', f'"#/$defs/{short}"')
+    defs = {renamed.get(k, k): v for k, v in msgspec.json.decode(text).items()}
+    for name, schema in zip(entry_points, schemas, strict=True):
+        if name in defs:  # a Struct (Envelope, Outgoing): its definition is the entry point
+            continue
+        encoded = msgspec.json.encode(schema).decode()
+        for long, short in renamed.items():
+            encoded = encoded.replace(f'"#/$defs/{long}"', f'"#/$defs/{short}"')
+        defs[name] = msgspec.json.decode(encoded)
+    return {
+        "$schema": _DIALECT,
+        "title": f"busd protocol {PROTOCOL_VERSION}",
+        "description": "Frames, request results and events of busd's Unix-socket protocol "
+        "(docs/protocol.md). Entry points: $defs/ClientFrame, $defs/ServerFrame, "
+        "$defs/Envelope, $defs/Event, $defs/Result.<cmd>.",
+        "$defs": dict(sorted(defs.items())),
+    }
+
+
+def _short_names(defs: dict[str, Any]) -> dict[str, str]:
+    """msgspec names a parametrized generic after its arguments: give it a readable name.
+
+    Over the whole event union it is the generic's own name (``Envelope``);
+    over one event, ``Envelope.PermissionRequested``.
+    """
+    renamed: dict[str, str] = {}
+    for name in defs:
+        base, sep, argument = name.partition("_")
+        if not sep or base not in ("Publish", "Events", "Envelope", "Outgoing"):
+            continue
+        renamed[name] = base if "Union" in argument else f"{base}.{argument.strip('_')}"
+    return renamed
