@@ -122,9 +122,16 @@ from .wire import encode_frame as encode_frame
 from .wire import server_frame_decoder as server_frame_decoder
 from .wire.address import EndpointError as EndpointError
 from .wire.address import resolve_socket_path as resolve_socket_path
+from .wire.roles import DEFAULT_GRANTS as DEFAULT_GRANTS
+from .wire.roles import RIGHTS as RIGHTS
+from .wire.roles import ROLES as ROLES
+from .wire.schema import protocol_schema as protocol_schema
 
 __all__ = [
     "__version__",
+    "DEFAULT_GRANTS",
+    "RIGHTS",
+    "ROLES",
     "Accountant",
     "AccountingService",
     "Accumulator",
@@ -205,6 +212,7 @@ __all__ = [
     "ReplayDriver",
     "NotJournaled",
     "RequestFailed",
+    "protocol_schema",
     "resolve_socket_path",
     "Retention",
     "Route",
