@@ -35,7 +35,8 @@ class PermissionDecision(msgspec.Struct, frozen=True, kw_only=True, omit_default
     option_id: str | None = None
     """The offered option that was chosen (``allow_once``, ``reject``, ...), if any."""
     by: str | None = None
-    """Who decided: a client name, ``policy:<plugin>``, ``rule:<n>``, or ``timeout``."""
+    """Who decided: a client's identity (``name[pid=…,uid=…]``), ``policy``, ``rule:<n>``,
+    ``timeout``, or ``busd`` (the run was cancelled)."""
     reason: str | None = None
 
     @property
