@@ -774,3 +774,23 @@ def test_every_frame_and_field_is_documented(cls: type[msgspec.Struct]) -> None:
     assert match, f"no section for {heading}"
     for field in cls.__struct_fields__:
         assert f"| `{field}` |" in match.group(1), f"{heading}.{field}"
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [*Frame.__subclasses__(), *COMMANDS, Outgoing, Limits, ErrorInfo],
+    ids=lambda cls: cls.__name__,
+)
+def test_no_documented_field_is_missing_from_the_type(cls: type[msgspec.Struct]) -> None:
+    """The other way round: the section's field table names fields the type has, no more."""
+    tag = cls.__struct_config__.tag
+    heading = f"`{tag}`" if isinstance(tag, str) else cls.__name__
+    match = re.search(rf"^#+ {re.escape(heading)}\n(.*?)(?=^#)", DOC, re.MULTILINE | re.DOTALL)
+    assert match, f"no section for {heading}"
+    table = re.search(r"^\| field \| type \| default \|\n\| --- .*?\n((?:\|.*\n)*)", match[1], re.M)
+    if table is None:
+        assert not cls.__struct_fields__, f"{heading} has fields but no field table"
+        return
+    documented = re.findall(r"^\| `(\w+)` \|", table[1], re.MULTILINE)
+    assert documented == [f for f in cls.__struct_fields__ if f in documented], heading  # order
+    assert set(documented) == set(cls.__struct_fields__), heading
