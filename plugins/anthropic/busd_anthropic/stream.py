@@ -12,11 +12,21 @@ A tool call is announced at its ``content_block_stop``, when its streamed
 input JSON is complete. Thinking lasts from its block's start to its stop,
 by the ``now`` values the caller passes.
 
+``message_start.message`` may already hold whole content blocks and a
+``stop_reason`` (programmatic tool calling sends most of its ``tool_use``
+blocks that way, with no ``message_delta`` after): they count exactly as if
+streamed.
+
 Usage: ``message_start`` and ``message_delta`` carry the call's counts so far
 (``message_delta`` is cumulative: 30 means 30, never 1 + 30), so both are
 recorded as cumulative snapshots of that call in a
 :class:`~busd.UsageLedger`, whose session total is the running total
-the ``stream.usage`` events carry. An owner with an authoritative figure of
+the ``stream.usage`` events carry. With ``usage.iterations`` (server-side
+compaction runs several model iterations in one call) the top-level figures
+are the last iteration's only: the call's billed usage is the sum over the
+iterations, and the context after it the last iteration's input plus output,
+reported as ``stream.session.context``. A ``compaction`` block becomes
+``stream.session.compaction``. An owner with an authoritative figure of
 its own (Claude Code's ``result``) raises a floor under that total with
 :meth:`MessageStream.raise_floor`.
 
@@ -32,6 +42,8 @@ from typing import Any, Final, Protocol
 
 from busd import (
     Event,
+    SessionCompaction,
+    SessionContext,
     SessionError,
     TextComplete,
     TextDelta,
@@ -76,6 +88,7 @@ _REDACTED: Final = 2
 _TOOL: Final = 3
 _RESULT: Final = 4
 _IGNORED: Final = 5
+_COMPACTION: Final = 6
 
 
 class Reporter(Protocol):
@@ -117,6 +130,11 @@ def result_text(content: object) -> str:
 
 def _dumps(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _context_input(usage: TokenUsage) -> int:
+    """Everything a call read: uncached input plus cache reads and writes."""
+    return usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
 
 
 def _str(value: object) -> str | None:
@@ -164,6 +182,7 @@ class MessageStream:
         "_seen",
         "_skipping",
         "_snapshot_parts",
+        "_start_input",
         "_stop_reason",
         "_streamed",
         "model",
@@ -194,6 +213,7 @@ class MessageStream:
         self._call_tools: dict[str, str] = {}
         self._has_tool = False
         self._snapshot_parts = 0
+        self._start_input: int | None = None
         self._calls = 0
         self._skipping = False
         self._floor = _ZERO
@@ -317,6 +337,7 @@ class MessageStream:
         self._stop_reason = None
         self._has_tool = False
         self._snapshot_parts = 0
+        self._start_input = None
         seen = self._seen
         seen[message_id] = streamed
         if len(seen) > self._remember:
@@ -343,7 +364,19 @@ class MessageStream:
         self._open(message_id, message.get("model"), streamed=True, out=out)
         payload = message.get("usage")
         if isinstance(payload, Mapping):
+            self._start_input = _context_input(normalize_usage(payload, provider="anthropic"))
             self._record(payload, out)
+        stop = message.get("stop_reason")
+        if isinstance(stop, str):
+            self._stop_reason = stop  # a message_delta may still override it
+        content = message.get("content")
+        if isinstance(content, list):
+            for index, data in enumerate(content):
+                if isinstance(data, Mapping):
+                    self._open_block(index, data, now, out)
+                    self._finish_block(self._blocks.pop(index), now, out, stopped=False)
+                else:
+                    self._reporter.malformed("message_start", "content block not an object")
 
     def _message_delta(self, event: Mapping[str, Any], out: list[Event]) -> None:
         if self._call is None:
@@ -423,6 +456,12 @@ class MessageStream:
         if not isinstance(data, Mapping):
             self._reporter.malformed("content_block_start", "no content_block")
             return
+        self._open_block(index, data, now, out)
+
+    def _open_block(
+        self, index: int, data: Mapping[str, Any], now: float, out: list[Event]
+    ) -> None:
+        """Start block ``index`` of the open call from its ``content_block``."""
         if index in self._blocks:  # a restart of an open index: finish the old one first
             self._finish_block(self._blocks.pop(index), now, out, stopped=True)
         btype = _str(data.get("type"))
@@ -448,6 +487,11 @@ class MessageStream:
             block.kind = _RESULT
             block.tool_id = _str(data.get("tool_use_id")) or ""
             block.input = data
+        elif btype == "compaction":
+            block.kind = _COMPACTION
+            summary = data.get("content")
+            if isinstance(summary, str) and summary:
+                block.chunks.append(summary)
         else:
             self._reporter.unknown(f"content_block.{btype}")
 
@@ -479,6 +523,10 @@ class MessageStream:
             partial = delta.get("partial_json")
             if isinstance(partial, str) and partial:
                 block.chunks.append(partial)
+        elif dtype == "compaction_delta" and kind == _COMPACTION:
+            summary = delta.get("content")
+            if isinstance(summary, str) and summary:
+                block.chunks.append(summary)
         elif dtype == "signature_delta" and kind == _THINKING:
             signature = _str(delta.get("signature")) or ""
             block.signature = signature if block.signature is None else block.signature + signature
@@ -519,6 +567,8 @@ class MessageStream:
                 out.append(self._tool_start(block.tool_id, block.name, block))
         elif kind == _RESULT:
             out.append(self._tool_result(block.tool_id, block.input))
+        elif kind == _COMPACTION and not stopped:
+            out.append(SessionCompaction(tokens_before=self._start_input))
 
     def _tool_start(self, tool_id: str, name: str, block: _Block) -> ToolStart:
         raw = "".join(block.chunks)
@@ -590,6 +640,9 @@ class MessageStream:
         elif btype is not None and btype.endswith("_tool_result"):
             self._snapshot_parts += 1
             out.append(self._tool_result(_str(data.get("tool_use_id")) or "", data))
+        elif btype == "compaction":
+            self._snapshot_parts += 1
+            out.append(SessionCompaction())
         else:
             self._reporter.unknown(f"content_block.{btype}")
 
@@ -597,6 +650,28 @@ class MessageStream:
 
     def _record(self, payload: Mapping[str, Any], out: list[Event]) -> None:
         tokens = normalize_usage(payload, provider="anthropic")
+        iterations = payload.get("iterations")
+        steps = (
+            [
+                normalize_usage(step, provider="anthropic")
+                for step in iterations
+                if isinstance(step, Mapping)
+            ]
+            if isinstance(iterations, list)
+            else []
+        )
+        several = len(steps) > 1
+        if several:  # the top level is the last iteration only; the call is billed for all
+            tokens = TokenUsage(
+                input_tokens=sum(step.input_tokens for step in steps),
+                output_tokens=sum(step.output_tokens for step in steps),
+                reasoning_tokens=max(
+                    tokens.reasoning_tokens, sum(s.reasoning_tokens for s in steps)
+                ),
+                cache_read_tokens=sum(step.cache_read_tokens for step in steps),
+                cache_write_tokens=sum(step.cache_write_tokens for step in steps),
+                cost_usd=tokens.cost_usd,
+            )
         changed = self._ledger.record(
             session_id=self._ledger_key,
             run_id=None,
@@ -606,6 +681,9 @@ class MessageStream:
         )
         if changed:
             self._report(out)
+        if several:  # earlier iterations (a compaction) are no longer context
+            last = steps[-1]
+            out.append(SessionContext(used=_context_input(last) + last.output_tokens))
 
     def _report(self, out: list[Event]) -> None:
         total = self.total()
