@@ -10,20 +10,26 @@ stream event, run through :class:`busd_anthropic.stream.MessageStream`),
 Decisions a consumer should know:
 
 - **Usage.** While streaming, ``stream.usage`` comes from the
-  ``message_delta`` (and ``message_start``) events: cumulative within one
-  model call, summed over calls by a :class:`~busd.UsageLedger`. The
-  ``assistant`` snapshots carry a stale copy of the ``message_start`` usage
-  and are never reported. The ``result`` line's ``usage`` and
-  ``total_cost_usd`` are authoritative and take over as a floor under the
-  running total (a field-wise max: Claude Code restates them as totals for
-  the life of the process, so a floor is right whether they cover one turn
-  or the whole session). Each sub-agent has its own running total, on its
-  own lane; the main agent's is the session's.
+  ``message_delta`` (and ``message_start``) events, summed over calls by a
+  :class:`~busd.UsageLedger`; ``assistant`` snapshots carry a stale copy of
+  the ``message_start`` usage and are never reported. A ``result`` raises a
+  floor under the running total (a field-wise max): its ``usage`` is the
+  turn's main-model calls only, so the floor is the sum of ``modelUsage``
+  over every model (sub-agents, side calls), priced at ``total_cost_usd``,
+  both running totals of the process. Then ``stream.session.context``: what
+  the last main-model call left in the window, never the total (see
+  :mod:`.usage`); docs/usage.md has the figures.
 - **Sub-agents.** Lines with a ``parent_tool_use_id`` were produced by the
   sub-agent that ``Task`` call spawned: their events carry
   ``parent_tool_call_id``. A ``Task`` (or ``Agent``) tool call also gives
   ``stream.agent.start`` (agent id = the tool call id, name = its
-  ``subagent_type``) and its tool result ``stream.agent.complete``.
+  ``subagent_type``) and its tool result ``stream.agent.complete``, unless
+  ``task_started`` said it runs in the background: then its
+  ``task_notification`` (or a ``task_updated`` that stops it) ends it.
+  ``task_*`` lines give ``stream.agent.update``.
+- **Notes.** ``rate_limit_event`` (near or at a limit) is a warning with the
+  reset time, ``hook_response`` an info (a warning when the hook failed);
+  lines ignored on purpose are listed in docs/usage.md.
 - **Snapshots only.** When Claude Code is not asked for partial messages
   (no ``stream_event`` lines, as sub-agents' output usually is), the
   ``assistant`` snapshots are the content: each block becomes a delta and a
@@ -54,12 +60,13 @@ from busd_anthropic.stream import MessageStream, result_text
 from busd import (
     AgentComplete,
     AgentStart,
+    AgentUpdate,
     Emitted,
     Event,
     PermissionRequested,
     PermissionResolved,
     SessionCompaction,
-    SessionError,
+    SessionContext,
     SessionIdle,
     SessionRetry,
     SessionStart,
@@ -68,10 +75,13 @@ from busd import (
     Translator,
     UsageLedger,
     as_mapping,
+    merge_cumulative,
     normalize_usage,
 )
 
+from .notices import IGNORED_SYSTEM, TASK_END, hook_notice, rate_limit_warning, result_error
 from .permissions import category, permission_options, resolution
+from .usage import context_window, every_model, held, last_iteration
 
 __all__ = ["TASK_TOOLS", "ClaudeCodeAdapter", "ClaudeCodeTranslator"]
 
@@ -141,6 +151,16 @@ class ClaudeCodeTranslator(Translator):
         self._done: OrderedDict[str, None] = OrderedDict()
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._busy = False
+        # The main agent's calls this turn (message ids) and the last one with its usage.
+        self._turn_calls: dict[str | None, set[str]] = {}
+        self._last_call: dict[str | None, tuple[str, Mapping[str, Any] | None]] = {}
+        # Sub-agent tasks: task id -> agent (tool call) id; agents launched in the
+        # background, whose tool result does not end them (-> session, parent);
+        # and those a task_updated said ended, waiting for their notification.
+        self._tasks: dict[str, str] = {}
+        self._deferred: set[str] = set()
+        self._background: dict[str, tuple[str | None, str | None]] = {}
+        self._ending: dict[str, Literal["ok", "error", "cancelled"]] = {}
 
     # -- dispatch ----------------------------------------------------------------
 
@@ -161,7 +181,7 @@ class ClaudeCodeTranslator(Translator):
         elif kind == "user":
             self._user(line, now, out)
         elif kind == "system":
-            self._system(line, out)
+            self._system(line, now, out)
         elif kind == "result":
             self._result(line, now, out)
         elif kind == "control_request":
@@ -172,8 +192,12 @@ class ClaudeCodeTranslator(Translator):
             request_id = _str(line.get("request_id"))
             if request_id is not None:
                 self._resolve(request_id, "cancelled", None, None, out)
-        elif kind == "keep_alive":
-            pass
+        elif kind == "rate_limit_event":
+            warning = rate_limit_warning(line)
+            if warning is not None:
+                out.append(self.emit(warning, session_id=self._session(line)))
+        elif kind == "keep_alive" or kind == "command_lifecycle":
+            pass  # command_lifecycle: the queue state of our own input, nothing the agent did
         else:
             self.unknown(kind if isinstance(kind, str) else "<no type>")
         return out
@@ -183,6 +207,8 @@ class ClaudeCodeTranslator(Translator):
         for (sid, parent), lane in self._lanes.items():
             self._deliver(out, lane.settle(now), sid, parent, now)
         self._cancel_open(None, now, out)
+        for call, (sid, parent) in list(self._background.items()):
+            self._agent_done(call, sid, parent, "cancelled", None, now, out)
         if self._busy:
             self._busy = False
             out.append(self.emit(SessionIdle(aborted=True), session_id=self._sid))
@@ -271,6 +297,10 @@ class ClaudeCodeTranslator(Translator):
         parent = _str(line.get("parent_tool_use_id"))
         self._start(sid, out, model=self._model)
         self._busy = True
+        if parent is None and event.get("type") == "message_start":
+            started = event.get("message")
+            if isinstance(started, Mapping):
+                self._note_call(sid, started.get("id"), None)
         self._deliver(out, self._lane(sid, parent).handle(event, now), sid, parent, now)
 
     def _assistant(self, line: Mapping[str, Any], now: float, out: list[Emitted]) -> None:
@@ -282,6 +312,9 @@ class ClaudeCodeTranslator(Translator):
         parent = _str(line.get("parent_tool_use_id"))
         self._start(sid, out, model=self._model)
         self._busy = True
+        if parent is None and message.get("model") != "<synthetic>":  # not an error text
+            usage = message.get("usage")
+            self._note_call(sid, message.get("id"), usage if isinstance(usage, Mapping) else None)
         lane = self._lane(sid, parent)
         # The usage on these snapshots is stale (message_start's): never report it.
         self._deliver(out, lane.snapshot(message, now, usage=False, final=False), sid, parent, now)
@@ -335,7 +368,11 @@ class ClaudeCodeTranslator(Translator):
         )
         out.append(self.emit(complete, session_id=sid, parent_tool_call_id=parent))
         if tool is not None and tool.agent:
-            self._agent_done(call, sid, parent, status, text, now, out)
+            if call in self._deferred and not failed:
+                self._deferred.discard(call)
+                self._background[call] = (sid, parent)  # launched: its task says when it ends
+            else:
+                self._agent_done(call, sid, parent, status, text, now, out)
 
     def _agent_done(
         self,
@@ -347,6 +384,11 @@ class ClaudeCodeTranslator(Translator):
         now: float,
         out: list[Emitted],
     ) -> None:
+        self._background.pop(call, None)
+        self._ending.pop(call, None)
+        self._deferred.discard(call)
+        for task in [task for task, agent in self._tasks.items() if agent == call]:
+            del self._tasks[task]
         lane = self._lanes.pop((sid, call), None)
         if lane is not None:
             self._deliver(out, lane.settle(now, cancelled=status == "cancelled"), sid, call, now)
@@ -354,35 +396,118 @@ class ClaudeCodeTranslator(Translator):
         done = AgentComplete(agent_id=call, status=status, result=text)
         out.append(self.emit(done, session_id=sid, parent_tool_call_id=parent))
 
-    def _system(self, line: Mapping[str, Any], out: list[Emitted]) -> None:
+    def _system(self, line: Mapping[str, Any], now: float, out: list[Emitted]) -> None:
         subtype = line.get("subtype")
-        if subtype == "init":
-            sid = self._session(line)
-            model = _str(line.get("model"))
-            if model is not None:
-                self._model = model
-            self._start(sid, out, model=model, cwd=_str(line.get("cwd")))
-        elif subtype == "status":
-            pass  # "requesting" / "compacting": the stream itself shows both
-        elif subtype == "compact_boundary":
-            sid = self._session(line)
-            meta = line.get("compact_metadata")
-            before = _int(meta.get("pre_tokens")) if isinstance(meta, Mapping) else None
-            out.append(self.emit(SessionCompaction(tokens_before=before), session_id=sid))
-        elif subtype == "api_retry":
-            sid = self._session(line)
-            delay = line.get("retry_delay_ms")
-            status = _int(line.get("error_status"))
-            error = line.get("error")
-            message = error if isinstance(error, str) else f"HTTP {status}" if status else ""
-            retry = SessionRetry(
-                attempt=_int(line.get("attempt")) or 0,
-                message=message,
-                delay_s=delay / 1000 if isinstance(delay, int | float) else None,
-            )
-            out.append(self.emit(retry, session_id=sid))
+        match subtype:
+            case "init":
+                sid = self._session(line)
+                model = _str(line.get("model"))
+                if model is not None:
+                    self._model = model
+                self._start(sid, out, model=model, cwd=_str(line.get("cwd")))
+            case "compact_boundary":
+                meta = line.get("compact_metadata")
+                before = _int(meta.get("pre_tokens")) if isinstance(meta, Mapping) else None
+                compaction = SessionCompaction(tokens_before=before)
+                out.append(self.emit(compaction, session_id=self._session(line)))
+            case "api_retry":
+                delay = line.get("retry_delay_ms")
+                status = _int(line.get("error_status"))
+                error = line.get("error")
+                message = error if isinstance(error, str) else f"HTTP {status}" if status else ""
+                retry = SessionRetry(
+                    attempt=_int(line.get("attempt")) or 0,
+                    message=message,
+                    delay_s=delay / 1000 if isinstance(delay, int | float) else None,
+                )
+                out.append(self.emit(retry, session_id=self._session(line)))
+            case "hook_response":
+                out.append(self.emit(hook_notice(line), session_id=self._session(line)))
+            case "task_started" | "task_progress" | "task_updated" | "task_notification":
+                self._task(subtype, line, now, out)
+            case str() if subtype in IGNORED_SYSTEM:
+                pass
+            case _:
+                self.unknown(f"system.{subtype}")
+
+    # -- sub-agent tasks ---------------------------------------------------------
+
+    def _task(self, subtype: str, line: Mapping[str, Any], now: float, out: list[Emitted]) -> None:
+        """A ``task_*`` line about a sub-agent that an ``Agent`` (``Task``) call started.
+
+        Tasks of other kinds (background shells...) have no agent here: ignored.
+        """
+        task = _str(line.get("task_id"))
+        call = _str(line.get("tool_use_id")) or (None if task is None else self._tasks.get(task))
+        if call is None:
+            return
+        tool = self._tools.get(call)
+        if subtype == "task_started":
+            if tool is None or not tool.agent:
+                return
+            if task is not None:
+                self._tasks[task] = call
+            if line.get("is_backgrounded") is True:
+                self._deferred.add(call)
+            self._agent_update(call, tool.session, tool.parent, "running", line, out)
+            return
+        where = self._background.get(call)
+        background = where is not None
+        if where is None:
+            if tool is None or not tool.agent:
+                return  # ended already, or not an agent
+            where = (tool.session, tool.parent)
+        sid, parent = where
+        if subtype == "task_progress":
+            self._agent_update(call, sid, parent, "running", line, out)
+            return
+        patch = line.get("patch")
+        raw = (
+            line.get("status")
+            if subtype == "task_notification"
+            else (patch.get("status") if isinstance(patch, Mapping) else None)
+        )
+        status = TASK_END.get(raw) if isinstance(raw, str) else None
+        if not background:  # its tool result ends it
+            if status is not None:
+                self._deferred.discard(call)  # ended before its launch was even reported
+            elif isinstance(raw, str):
+                self._agent_update(call, sid, parent, raw, line, out)
+            return
+        if status is None:
+            if isinstance(raw, str):
+                self._agent_update(call, sid, parent, raw, line, out)
+        elif subtype == "task_notification" or status == "cancelled":
+            summary = _str(line.get("summary"))
+            self._agent_done(call, sid, parent, status, summary, now, out)
         else:
-            self.unknown(f"system.{subtype}")
+            self._ending[call] = status  # the notification, with the summary, follows
+
+    def _agent_update(
+        self,
+        call: str,
+        sid: str | None,
+        parent: str | None,
+        status: str,
+        line: Mapping[str, Any],
+        out: list[Emitted],
+    ) -> None:
+        message = _str(line.get("description"))
+        last_tool = _str(line.get("last_tool_name"))
+        if last_tool is not None:
+            message = f"{message}: {last_tool}" if message else last_tool
+        update = AgentUpdate(agent_id=call, status=status, message=message)
+        out.append(self.emit(update, session_id=sid, parent_tool_call_id=parent))
+
+    # -- the end of a turn -------------------------------------------------------
+
+    def _note_call(
+        self, sid: str | None, message_id: object, usage: Mapping[str, Any] | None
+    ) -> None:
+        """A main-agent model call was seen (streamed or as a snapshot)."""
+        if isinstance(message_id, str) and message_id:
+            self._turn_calls.setdefault(sid, set()).add(message_id)
+            self._last_call[sid] = (message_id, usage)
 
     def _result(self, line: Mapping[str, Any], now: float, out: list[Emitted]) -> None:
         sid = self._session(line)
@@ -397,13 +522,48 @@ class ClaudeCodeTranslator(Translator):
             self._cancel_open(sid, now, out)
         else:
             self._settle_permissions(sid, line.get("permission_denials"), out)
+        for call, status in list(self._ending.items()):
+            session, parent = self._background.get(call, (sid, None))
+            if session == sid:  # ended, and its notification never came
+                self._agent_done(call, session, parent, status, None, now, out)
+        # result.usage is this turn's main model only; modelUsage is every model's.
         final = normalize_usage(line, provider="anthropic")
-        self._deliver(out, self._lane(sid, None).raise_floor(final), sid, None, now)
-        error = _result_error(line, subtype)
+        models = every_model(line)
+        if models is not None:
+            final = merge_cumulative(final, models)
+        main = self._lane(sid, None)
+        self._deliver(out, main.raise_floor(final), sid, None, now)
+        used = self._context_used(sid, line)
+        if used:  # 0: no call reached the model
+            window = context_window(line, main.model or self._model)
+            out.append(self.emit(SessionContext(used=used, window=window), session_id=sid))
+        self._turn_calls.pop(sid, None)
+        error = result_error(line, subtype)
         if error is not None:
             out.append(self.emit(error, session_id=sid))
         out.append(self.emit(SessionIdle(aborted=aborted), session_id=sid))
         self._busy = False
+
+    def _context_used(self, sid: str | None, line: Mapping[str, Any]) -> int | None:
+        """What the window held after the turn's last main-model call, never the turn's total.
+
+        In order: the last of ``usage.iterations``; the last call's streamed
+        figures; its snapshot's prompt, with the output the ``result`` states
+        when the turn made one call (a snapshot's own output figure is stale).
+        """
+        last = last_iteration(line)
+        if last is not None:
+            return held(last)
+        call = self._last_call.get(sid)
+        if call is None:
+            return None
+        message_id, snapshot = call
+        streamed = self._ledger.turn(_ledger_key(sid, None), message_id)
+        if held(streamed):
+            return held(streamed)
+        if self._turn_calls.get(sid) == {message_id}:
+            return held(normalize_usage(line, provider="anthropic"))
+        return None if snapshot is None else held(normalize_usage(snapshot, provider="anthropic"))
 
     def _cancel_open(self, sid: str | None, now: float, out: list[Emitted]) -> None:
         """Cancel the running tools and pending permissions of ``sid`` (``None``: all)."""
@@ -515,19 +675,6 @@ class ClaudeCodeTranslator(Translator):
             request_id=request_id, outcome=outcome, option_id=option_id, reason=reason
         )
         out.append(self.emit(resolved, session_id=sid))
-
-
-def _result_error(line: Mapping[str, Any], subtype: str) -> SessionError | None:
-    """The error a ``result`` reports, if any (an interrupt alone is none)."""
-    errors = line.get("errors")
-    listed = "\n".join(e for e in errors if isinstance(e, str)) if isinstance(errors, list) else ""
-    if subtype == "error_during_execution":
-        return SessionError(message=listed, code=subtype) if listed else None
-    if subtype.startswith("error") or line.get("is_error") is True:
-        message = listed or _str(line.get("result")) or subtype or "error"
-        code = subtype if subtype and subtype != "success" else None
-        return SessionError(message=message, code=code)
-    return None
 
 
 class ClaudeCodeAdapter:

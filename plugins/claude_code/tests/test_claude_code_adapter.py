@@ -414,7 +414,7 @@ def test_broken_lines_are_counted_not_raised() -> None:
         {"type": "what_is_this"},
         {"type": "stream_event", "event": "nope"},
         {"type": "assistant"},
-        {"type": "system", "subtype": "hook_started"},
+        {"type": "system", "subtype": "a_future_subtype"},
         {"type": "control_request", "request_id": "r", "request": {"subtype": "interrupt"}},
         {"type": "control_request", "request_id": "r2", "request": {"subtype": "can_use_tool"}},
         {"type": "user", "message": {"content": [{"type": "tool_result"}]}},
@@ -426,7 +426,7 @@ def test_broken_lines_are_counted_not_raised() -> None:
     stats = t.statistics()
     assert stats.unknown == {
         "what_is_this": 1,
-        "system.hook_started": 1,
+        "system.a_future_subtype": 1,
         "control_request.interrupt": 1,
     }
     assert stats.malformed == {
