@@ -467,3 +467,35 @@ async def _events_until_finished(sub: Any) -> list[Envelope[Event]]:
             if any(isinstance(e.event, RunFinished) for e in batch.events):
                 return seen
     return seen
+
+
+async def test_a_second_answer_from_the_same_client_is_already_resolved(sock_path: Path) -> None:
+    """Two replies back to back on one connection: the second changes nothing and says so."""
+    driver = ScriptDriver()
+    daemon = make_daemon(driver)
+    watcher = Watcher(daemon)
+    async with serving(sock_path, daemon), connect(sock_path, client="ui") as ui:
+        started = await ui.start_run("script", "ask")
+        request_id = f"{started['run_id']}/perm-1"
+        with trio.fail_after(20):
+            while request_id not in {p.request_id for p in daemon.broker.pending()}:
+                await trio.testing.wait_all_tasks_blocked()
+        answers: dict[bool, str] = {}
+
+        async def answer(allow: bool) -> None:
+            try:
+                await ui.reply_permission(request_id, allow=allow)
+                answers[allow] = "ok"
+            except RequestFailed as exc:
+                answers[allow] = exc.code
+
+        async with trio.open_nursery() as nursery:  # both queued before the writer runs
+            nursery.start_soon(answer, True)
+            nursery.start_soon(answer, False)
+        assert sorted(answers.values()) == ["already_resolved", "ok"], answers
+        winner = next(allow for allow, said in answers.items() if said == "ok")
+        await watcher.finished(started["run_id"])
+    outcome = "allowed" if winner else "denied"
+    assert [d.outcome for d in driver.decisions] == [outcome]
+    resolved = [e.event for e in watcher.seen if isinstance(e.event, PermissionResolved)]
+    assert [r.outcome for r in resolved] == [outcome]

@@ -148,9 +148,14 @@ class PermissionBroker:
         allow: bool | None = None,
         reason: str | None = None,
     ) -> PermissionDecision:
-        """A frontend's answer; the first valid one wins."""
+        """A frontend's answer; the first valid one wins.
+
+        A request stays pending until its driver's task wakes up, so one
+        decided a moment ago (two answers in one read) is told apart by its
+        decision, not by where it is kept.
+        """
         pending = self._pending.get(request_id)
-        if pending is None:
+        if pending is None or pending.decision is not None:
             if request_id in self._resolved:
                 earlier = self._resolved[request_id]
                 raise PermissionRejected(
