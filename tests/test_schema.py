@@ -41,6 +41,7 @@ from busd.wire import (
     encode_frame,
 )
 from busd.wire.frames import AnyCommand
+from busd.wire.results import AckResult, RunSummary, StartedRun, StatusResult
 from busd.wire.schema import protocol_schema
 
 from .daemon_helpers import running_daemon
@@ -111,11 +112,15 @@ class Recorder:
         return frame
 
     async def ask(self, request_id: int, command: AnyCommand) -> dict[str, Any]:
-        await self.send(Request(id=request_id, command=command))
+        return await self.ask_ack(request_id, Request(id=request_id, command=command))
+
+    async def ask_ack(self, request_id: int, frame: Frame) -> dict[str, Any]:
+        """Send ``frame`` and return the reply with ``request_id`` (a request's, an ack's)."""
+        await self.send(frame)
         while True:
-            frame = await self.receive()
-            if frame["op"] == "reply" and frame["id"] == request_id:
-                return frame
+            received = await self.receive()
+            if received["op"] == "reply" and received["id"] == request_id:
+                return received
 
 
 async def test_every_frame_and_result_of_a_real_session_validates(tmp_path: Path) -> None:
@@ -161,6 +166,8 @@ async def test_every_frame_and_result_of_a_real_session_validates(tmp_path: Path
             results[name] = [reply["result"]]
         refused = await raw.ask(30, CancelRun(run_id=run_id))  # it ended: a failed reply
         assert refused["error"]["code"] == "run_finished"
+        acked = await raw.ask_ack(31, Publish(events=[], ack=31))
+        results["ack"] = [acked["result"]]
         await raw.send(Publish(events=[Outgoing(event=NOT_AN_EVENT)]))  # an error frame
         await raw.send(Ping(nonce=5))
         with trio.fail_after(10):
@@ -174,18 +181,40 @@ async def test_every_frame_and_result_of_a_real_session_validates(tmp_path: Path
     for frame in raw.frames:
         errors = [f"{e.json_path}: {e.message}" for e in server.iter_errors(frame)]
         assert errors == [], (frame, errors[:3])
-    assert set(results) == {*commands, "start_run", "permission_reply"}
+    assert set(results) == {*commands, "start_run", "permission_reply", "ack"}
+    exact = {"status": StatusResult, "start_run": StartedRun, "ack": AckResult}
+    for name, kind in exact.items():
+        assert list(results[name][0]) == list(kind.__struct_fields__), name
+    for run in results["runs"][0]:
+        assert list(run) == list(RunSummary.__struct_fields__)
     for name, values in results.items():
         for value in values:
             errors = [e.message for e in validator(f"Result.{name}").iter_errors(value)]
             assert errors == [], (name, value, errors[:3])
 
 
-def test_a_status_with_a_key_the_schema_does_not_list_fails_validation() -> None:
-    """The status schema lists every key (additionalProperties false): drift cannot hide."""
+def test_the_result_types_list_every_key_the_daemon_sends() -> None:
+    """The schema is open (newer daemons add keys); this keeps its lists complete."""
     from busd.daemon.hub import Daemon
 
     status = msgspec.to_builtins(Daemon().status())
     assert list(validator("Result.status").iter_errors(status)) == []
-    status["surprise"] = 1
-    assert list(validator("Result.status").iter_errors(status))
+    assert list(status) == list(StatusResult.__struct_fields__)
+
+
+def test_no_definition_is_only_a_reference_to_itself() -> None:
+    for name, schema in SCHEMA["$defs"].items():
+        assert schema != {"$ref": f"#/$defs/{name}"}, name
+
+
+def test_tagged_unions_are_one_of_with_a_discriminator() -> None:
+    def tagged_any_of(node: Any) -> int:
+        if isinstance(node, dict):
+            here = int("discriminator" in node and "anyOf" in node)
+            return here + sum(tagged_any_of(v) for v in node.values())
+        return sum(tagged_any_of(v) for v in node) if isinstance(node, list) else 0
+
+    assert tagged_any_of(SCHEMA) == 0
+    client = SCHEMA["$defs"]["ClientFrame"]
+    assert client["discriminator"]["propertyName"] == "op"
+    assert len(client["oneOf"]) == 8

@@ -10,6 +10,7 @@ import msgspec
 from ..client import connect as busd_connect
 from ..core.catalog import Catalog
 from ..core.catalogdoc import render_markdown
+from ..core.errors import BusdError
 from ..plugins.manager import PluginManager
 from ..wire.frames import Status
 from ..wire.schema import protocol_schema
@@ -39,8 +40,19 @@ def catalog(fmt: str) -> None:
 
 @click.command()
 def schema() -> None:
-    """Print the protocol's JSON Schema: every frame, result and event (docs/protocol.md)."""
-    text = msgspec.json.format(msgspec.json.encode(protocol_schema()), indent=2)
+    """Print the protocol's JSON Schema: every frame, result and event (docs/protocol.md).
+
+    The events of the plugins installed are in it, as in the daemon's catalog.
+    """
+    types = Catalog()
+    manager = PluginManager()
+    manager.load_entry_points()
+    for plugin, cls in manager.event_types():
+        try:
+            types.register(cls)
+        except BusdError as exc:  # the daemon reports it too, and starts without it
+            click.echo(f"busd: plugin {plugin}: {exc}", err=True)
+    text = msgspec.json.format(msgspec.json.encode(protocol_schema(types)), indent=2)
     click.echo(text.decode())
 
 

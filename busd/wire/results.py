@@ -2,7 +2,9 @@
 
 The daemon builds some of these results as plain maps; these Structs are
 their contract, for the JSON Schema (``busd schema``) and the docs, and
-tests check the daemon's maps against them field for field.
+tests check the daemon's maps against them key for key. The schema leaves
+them open (a newer daemon may add keys, clients ignore what they do not
+know); the tests are what keeps the lists complete.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from ..core.permissions import PermissionDecision
 from ..core.sessions import SessionSnapshot, SessionSummary
 from .frames import Role
 
-__all__ = ["RESULTS", "RunSummary", "StartedRun", "StatusResult"]
+__all__ = ["RESULTS", "AckResult", "RunSummary", "StartedRun", "StatusResult"]
 
 
-class _Result(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A result map: every key is listed (tests hold the daemon to it)."""
+class _Result(msgspec.Struct, frozen=True, kw_only=True):
+    """A result map: every key the daemon sends is listed (tests hold it to that)."""
 
 
 class StatusResult(_Result, frozen=True):
@@ -87,6 +89,19 @@ class RunSummary(_Result, frozen=True):
     """The identity of the connection that started it (``name[pid=…,uid=…]``)."""
 
 
+class AckResult(_Result, frozen=True):
+    """The ``reply`` to a ``publish`` or ``ingest`` with ``ack``: what is in the journal.
+
+    ``first_seq`` and ``last_seq`` span every event this connection has
+    published (since it connected; ``null`` before its first), derived
+    events in between included; ``journaled`` is false without a journal.
+    """
+
+    first_seq: int | None
+    last_seq: int | None
+    journaled: bool
+
+
 RESULTS: dict[str, Any] = {
     "status": StatusResult,
     "sessions": list[SessionSummary],
@@ -97,5 +112,6 @@ RESULTS: dict[str, Any] = {
     "cancel_run": RunSummary,
     "permission_reply": PermissionDecision,
     "runs": list[RunSummary],
+    "ack": AckResult,  # not a command: the reply to a publish or ingest with ack
 }
 """Per ``cmd``, the type of a successful reply's ``result`` (``stats`` has two forms)."""

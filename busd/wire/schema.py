@@ -59,12 +59,28 @@ def protocol_schema(catalog: Catalog | None = None) -> dict[str, Any]:
         defs[name] = msgspec.json.decode(encoded)
     return {
         "$schema": _DIALECT,
+        "$comment": "Tagged unions are oneOf with an OpenAPI-style discriminator (ajv: "
+        "discriminator: true); the tag ('op', 'cmd', 'type') tells the branches apart.",
         "title": f"busd protocol {PROTOCOL_VERSION}",
         "description": "Frames, request results and events of busd's Unix-socket protocol "
         "(docs/protocol.md). Entry points: $defs/ClientFrame, $defs/ServerFrame, "
         "$defs/Envelope, $defs/Event, $defs/Result.<cmd>.",
-        "$defs": dict(sorted(defs.items())),
+        "$defs": _one_of(dict(sorted(defs.items()))),
     }
+
+
+def _one_of(node: Any) -> Any:
+    """msgspec writes a tagged union as ``anyOf`` + ``discriminator``; its branches exclude
+    each other, and validators that use the discriminator (ajv) want ``oneOf``."""
+    if isinstance(node, dict):
+        node = {k: _one_of(v) for k, v in node.items()}
+        if "discriminator" in node and "anyOf" in node:
+            node["oneOf"] = node.pop("anyOf")
+            node.setdefault("type", "object")
+        return node
+    if isinstance(node, list):
+        return [_one_of(item) for item in node]
+    return node
 
 
 def _short_names(defs: dict[str, Any]) -> dict[str, str]:
