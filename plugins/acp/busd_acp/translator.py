@@ -42,7 +42,9 @@ Choices the protocol leaves open:
 - ``usage_update`` is context-window state: ``stream.session.context``. Its
   cost is the session's cumulative cost; ACP's stable protocol reports no
   token counts, so ``stream.usage`` is emitted only when a prompt response
-  carries the (unstable) ``usage`` object, with that cost attached.
+  carries counts (:mod:`busd_acp.usage`: ``_meta.quota`` or the unstable
+  ``usage``), with that cost attached. Those sum the turn's calls, so the
+  last ``usage_update`` is said again after them: the agent's context wins.
 - Permission request ids are ``f"acp-{id}"`` of the agent's JSON-RPC id. An
   answer is ``allowed`` or ``denied`` by the selected option's kind,
   ``cancelled`` for ACP's cancelled outcome or an error response; a request
@@ -83,8 +85,9 @@ from busd import (
     Usage,
     UsageLedger,
     as_mapping,
-    normalize_usage,
 )
+
+from .usage import turn_usage, update_cost
 
 __all__ = ["AcpTranslator"]
 
@@ -287,6 +290,7 @@ class _Tool:
 
 class _Session:
     __slots__ = (
+        "context",
         "cost",
         "cwd",
         "done_tools",
@@ -308,6 +312,7 @@ class _Session:
         self.model: str | None = None
         self.cwd: str | None = None
         self.cost: float | None = None
+        self.context: SessionContext | None = None  # the agent's last usage_update
         self.turn_id: str | None = None
         self.part: _Part | None = None
         self.parts_seen: dict[tuple[str, str], int] = {}
@@ -807,9 +812,9 @@ class AcpTranslator(Translator):
             self.malformed("session/update:usage_update", "used is not a token count")
             return
         window = _count(update.get("size")) or None
-        out.append(self.emit(SessionContext(used=used, window=window), session_id=s.id))
-        # normalize_usage reads ACP's {"amount", "currency"} cost, USD only.
-        cost = normalize_usage(update, provider="busd").cost_usd
+        s.context = SessionContext(used=used, window=window)
+        out.append(self.emit(s.context, session_id=s.id))
+        cost = update_cost(update)
         if cost is not None and cost != s.cost:
             s.cost = cost
             total = self._ledger.session_total(s.id or "")
@@ -817,18 +822,8 @@ class AcpTranslator(Translator):
                 self._report_usage(s, total, out)
 
     def _turn_usage(
-        self, s: _Session, turn_id: str | None, usage: Mapping[str, Any], out: list[Emitted]
+        self, s: _Session, turn_id: str | None, tokens: TokenUsage, out: list[Emitted]
     ) -> None:
-        # ACP's unstable PromptResponse.usage: this turn's counts, cache reads and
-        # writes beside the input (Anthropic's convention, which ACP agents follow).
-        counts = {
-            "input_tokens": _get(usage, "inputTokens", "input_tokens"),
-            "output_tokens": _get(usage, "outputTokens", "output_tokens"),
-            "reasoning_tokens": _get(usage, "thoughtTokens", "thought_tokens"),
-            "cache_read_tokens": _get(usage, "cachedReadTokens", "cached_read_tokens"),
-            "cache_write_tokens": _get(usage, "cachedWriteTokens", "cached_write_tokens"),
-        }
-        tokens = normalize_usage(counts, provider="busd")
         changed = self._ledger.record(
             session_id=s.id or "",
             run_id=None,
@@ -838,6 +833,9 @@ class AcpTranslator(Translator):
         )
         if changed:
             self._report_usage(s, self._ledger.session_total(s.id or ""), out)
+            if s.context is not None:
+                # The turn's usage sums its calls; the agent's own context figure wins.
+                out.append(self.emit(s.context, session_id=s.id))
 
     def _report_usage(self, s: _Session, total: TokenUsage, out: list[Emitted]) -> None:
         if s.cost is not None:
@@ -876,9 +874,9 @@ class AcpTranslator(Translator):
                     request_id=pending.request_id, outcome="cancelled", reason="the turn ended"
                 )
                 out.append(self.emit(event, session_id=s.id))
-        usage = _map(result.get("usage"))
-        if usage is not None:
-            self._turn_usage(s, turn_id, usage, out)
+        tokens = turn_usage(result)
+        if tokens is not None:
+            self._turn_usage(s, turn_id, tokens, out)
         out.append(self.emit(TurnEnd(turn_id=turn_id, finish_reason=finish), session_id=s.id))
         if error is not None:
             out.append(self.emit(error, session_id=s.id))

@@ -1,4 +1,4 @@
-"""What OpenCode's ``/event`` payloads say, read without trusting them.
+"""What OpenCode's ``/event`` payloads (and ``opencode run --format json`` lines) say.
 
 The vocabularies (finish reasons, permission replies, kinds worth no event)
 and small readers that return ``None`` or an empty value instead of raising,
@@ -83,14 +83,51 @@ QUIET_KINDS: Final = frozenset(
         "tui.prompt.append",
         "tui.command.execute",
         "tui.toast.show",
+        # 1.18: the server's registries changing (plugin.added, ~45 per instance start)
+        "plugin.added",
+        "catalog.updated",
+        "reference.updated",
+        "integration.updated",
     }
 )
 """Kinds OpenCode sends that say nothing the catalog carries: skipped without a warning."""
+
+RUN_KINDS: Final = frozenset(
+    {"step_start", "step_finish", "text", "reasoning", "tool_use", "error"}
+)
+"""``opencode run --format json`` lines: ``{"type", "timestamp", "sessionID", "part"}``.
+
+The CLI prints a part only once it is finished (text and reasoning when
+``time.end`` is set, tools when completed or failed), and ``error`` carries
+the session error.
+"""
 
 QUIET_PARTS: Final = frozenset(
     {"file", "snapshot", "patch", "agent", "subtask", "compaction", "retry"}
 )
 """Part types with nothing for the catalog (attachments, snapshots, markers)."""
+
+
+RECENT_IDS: Final = 4096
+"""How many finished ids (events, parts, turns, user messages) are remembered."""
+
+
+class Recent:
+    """An insertion-ordered set of ids that forgets the oldest beyond ``cap``."""
+
+    __slots__ = ("_cap", "_ids")
+
+    def __init__(self, cap: int = RECENT_IDS) -> None:
+        self._cap = cap
+        self._ids: dict[str, None] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._ids
+
+    def add(self, key: str) -> None:
+        self._ids[key] = None
+        if len(self._ids) > self._cap:
+            del self._ids[next(iter(self._ids))]
 
 
 # -- reading untrusted payloads ---------------------------------------------------
@@ -155,3 +192,27 @@ def signature(part: Mapping[str, Any]) -> str | None:
 
 def finish_reason(reason: str) -> str:
     return FINISH.get(reason, reason)
+
+
+def from_run(event: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """An ``opencode run --format json`` line as the ``/event`` payloads that say the same.
+
+    A part becomes its ``message.part.updated``; ``step_finish`` also ends its
+    message (one assistant message per model call, as the ``/event`` stream
+    shows), and ``error`` is the ``session.error``.
+    """
+    sid = event.get("sessionID")
+    if event.get("type") == "error":
+        return [
+            {"type": "session.error", "properties": {"sessionID": sid, "error": event.get("error")}}
+        ]
+    part = mapping(event.get("part"))
+    out: list[Mapping[str, Any]] = [
+        {"type": "message.part.updated", "properties": {"sessionID": sid, "part": part}}
+    ]
+    mid = field(part, "messageID", "message_id")
+    if event.get("type") == "step_finish" and mid is not None:
+        info = {"id": mid, "role": "assistant", "sessionID": sid, "finish": part.get("reason")}
+        info.update((k, part[k]) for k in ("tokens", "cost") if k in part)  # the call's own
+        out.append({"type": "message.updated", "properties": {"info": info}})
+    return out

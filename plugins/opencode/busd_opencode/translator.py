@@ -1,4 +1,4 @@
-"""OpenCode's ``/event`` stream (``{"type": ..., "properties": {...}}``) as catalog events.
+"""OpenCode's ``/event`` stream, or ``opencode run --format json`` output, as catalog events.
 
 OpenCode publishes the state of things rather than a stream of tokens:
 ``message.updated`` carries a whole message (role, model, cumulative tokens,
@@ -18,8 +18,10 @@ sub-agent) is also a sub-agent: its events carry ``agent_id`` = its session
 id, and the ``task`` call that spawned it emits ``stream.agent.start`` /
 ``stream.agent.complete`` in the parent session.
 
-Both generations of the stream are read: the current one (``permission.asked``,
-``message.part.delta``, ``session.status``) and the older one the
+``opencode run --format json`` lines are read as the ``/event`` payloads
+that say the same (``_wire.from_run``). Both generations of the stream are
+read: the current one (``permission.asked``, ``message.part.delta``,
+``session.status``) and the older one the
 ``opencode-ai`` Python SDK models (``permission.updated``, ``delta`` on
 ``message.part.updated``). SDK objects are dumped with Python field names
 (``session_id`` for ``sessionID``), so every id is read under both spellings.
@@ -28,7 +30,7 @@ Both generations of the stream are read: the current one (``permission.asked``,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from busd import (
     AgentComplete,
@@ -65,8 +67,11 @@ from ._wire import (
     QUIET_KINDS,
     QUIET_PARTS,
     REPLIES,
+    RUN_KINDS,
+    Recent,
     field,
     finish_reason,
+    from_run,
     ident,
     mapping,
     number,
@@ -78,29 +83,7 @@ from ._wire import (
 
 __all__ = ["OpenCodeTranslator"]
 
-_RECENT_IDS: Final = 4096
-"""How many finished ids (events, parts, turns, user messages) are remembered."""
-
-
 # -- state ------------------------------------------------------------------------
-
-
-class _Recent:
-    """An insertion-ordered set of ids that forgets the oldest beyond ``cap``."""
-
-    __slots__ = ("_cap", "_ids")
-
-    def __init__(self, cap: int = _RECENT_IDS) -> None:
-        self._cap = cap
-        self._ids: dict[str, None] = {}
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._ids
-
-    def add(self, key: str) -> None:
-        self._ids[key] = None
-        if len(self._ids) > self._cap:
-            del self._ids[next(iter(self._ids))]
 
 
 class _Session:
@@ -185,9 +168,9 @@ class OpenCodeTranslator(Translator):
         self._parts: dict[str, _Part] = {}  # open text and reasoning parts
         self._tools: dict[str, _Tool] = {}  # unfinished tool parts, by part id
         self._permissions: dict[str, _Session] = {}  # unanswered requests
-        self._users = _Recent()  # user message ids: their parts are the prompt
-        self._closed = _Recent()  # finished turn, part and request ids
-        self._seen = _Recent()  # raw event ids
+        self._users = Recent()  # user message ids: their parts are the prompt
+        self._closed = Recent()  # finished turn, part and request ids
+        self._seen = Recent()  # raw event ids
         self._handlers: dict[str, _Handler] = {
             "message.updated": self._on_message,
             "message.part.updated": self._on_part,
@@ -221,6 +204,11 @@ class OpenCodeTranslator(Translator):
                 self.duplicate()
                 return []
             self._seen.add(eid)
+        out: list[Emitted] = []
+        if kind in RUN_KINDS and "properties" not in event:  # ``opencode run --format json``
+            for said in from_run(event):
+                self._handlers[said["type"]](said["properties"], now, out)
+            return out
         handler = self._handlers.get(kind)
         if handler is None:
             if kind not in QUIET_KINDS:
@@ -230,7 +218,6 @@ class OpenCodeTranslator(Translator):
         if not isinstance(props, Mapping):
             self.malformed(kind, "'properties' is not an object")
             return []
-        out: list[Emitted] = []
         handler(props, now, out)
         return out
 
