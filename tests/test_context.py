@@ -142,12 +142,14 @@ def test_percent_and_free_are_of_the_window() -> None:
     assert usage.breakdown.free == 750
 
 
-def test_free_is_clamped_at_zero_and_percent_may_pass_one_hundred() -> None:
+def test_free_is_clamped_at_zero_and_percent_at_one_hundred() -> None:
+    """Issue 16: an estimate past the window shows a full bar, not 120%."""
     context = ContextWindow(1_000)
     context.add_message(1_200)
     usage = context.snapshot()
     assert usage.breakdown.free == 0
-    assert usage.percent == pytest.approx(120.0)
+    assert usage.percent == 100.0
+    assert usage.used == 1_200  # the figure itself is not clamped
 
 
 def test_an_unknown_window_has_no_percent_free_or_compaction() -> None:

@@ -190,17 +190,44 @@ def test_deltas_after_the_last_report_are_estimated_on_top() -> None:
     assert tracker.snapshot(2.0).output_estimated is False
 
 
-def test_a_stale_report_does_not_erase_the_estimate_of_newer_deltas() -> None:
+def test_a_late_lower_report_does_not_erase_the_estimate_of_newer_deltas() -> None:
     tracker = StreamingStatsTracker()
     tracker.observe(usage(30), now=0.0)
     tracker.observe(text("more words"), now=1.0)
-    tracker.observe(usage(30), now=2.0)  # repeated
     tracker.observe(usage(12), now=3.0)  # late, out of order
 
     stats = tracker.snapshot(3.0)
     assert stats.output_tokens == 30 + estimate_tokens("more words")
     assert stats.output_estimated is True
-    assert tracker.statistics().stale_reports == 2
+    assert tracker.statistics().stale_reports == 1
+
+
+def test_a_report_equal_to_the_last_one_replaces_the_estimate() -> None:
+    """Issue 16: the provider's count wins even when it did not move.
+
+    Anthropic's second call can carry its final output in ``message_start``
+    already, so the ``message_delta`` after its text repeats the figure: the
+    text streamed in between was counted, not new.
+    """
+    tracker = StreamingStatsTracker()
+    tracker.observe(usage(30), now=0.0)
+    tracker.observe(text("more words"), now=1.0)
+    assert tracker.snapshot(1.0).output_estimated is True
+    tracker.observe(usage(30), now=2.0)  # repeated
+
+    stats = tracker.snapshot(2.0)
+    assert (stats.output_tokens, stats.output_estimated) == (30, False)
+    assert tracker.statistics().stale_reports == 0
+
+
+def test_an_authoritative_zero_replaces_the_estimate() -> None:
+    """Issue 16: a failed model call reports 0 output; "40 (estimated)" was wrong."""
+    tracker = StreamingStatsTracker()
+    tracker.observe(text("some words the model never billed"), now=0.0)
+    assert tracker.snapshot(0.0).output_tokens > 0
+    tracker.observe(usage(0), now=1.0)
+    stats = tracker.snapshot(1.0)
+    assert (stats.output_tokens, stats.output_estimated) == (0, False)
 
 
 @given(st.lists(st.integers(min_value=0, max_value=10**7), max_size=40))

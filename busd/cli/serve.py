@@ -13,11 +13,12 @@ import click
 import trio
 
 from .._version import __version__
+from ..core.accounting import Accountant
 from ..core.errors import PluginConfigError
 from ..daemon.config import ConfigError, FileConfig, load_config
 from ..daemon.endpoint import AlreadyRunning
 from ..daemon.hub import Daemon, DaemonConfig
-from ..daemon.journalfile import DEFAULT_MAX_AGE, DEFAULT_MAX_SIZE, JournalError
+from ..daemon.journalfile import DEFAULT_MAX_AGE, DEFAULT_MAX_SIZE, JournalError, parse_duration
 from ..daemon.server import serve as serve_forever
 from ..plugins.manager import PluginManager
 from ..wire.address import EndpointError
@@ -110,6 +111,20 @@ UNJOURNALED = 3
     "[default: 1GiB].",
 )
 @click.option(
+    "--tool-timeout",
+    type=Duration(),
+    default=None,
+    help="End a tool call with a 'timed out' error when it has no result after this long "
+    "(e.g. 10m; 0: no limit) [default: the config file's [tools] timeout, else none].",
+)
+@click.option(
+    "--tool-limit",
+    "tool_limits",
+    multiple=True,
+    metavar="NAME=DURATION",
+    help="A limit for one tool, over --tool-timeout (e.g. Bash=30m; 0: no limit; repeatable).",
+)
+@click.option(
     "--nats",
     "nats_url",
     default=None,
@@ -142,6 +157,8 @@ def serve(
     no_journal: bool,
     journal_max_age: float | None,
     journal_max_size: int | None,
+    tool_timeout: float | None,
+    tool_limits: tuple[str, ...],
     nats_url: str | None,
     nats_stream: str | None,
     nats_subjects: tuple[str, ...],
@@ -162,6 +179,7 @@ def serve(
     except ConfigError as exc:
         fail(str(exc), 2)
     age_from_file, size_from_file = policy.journal.limits()  # checked by load_config
+    default_limit, limits = _tool_limits(policy, tool_timeout, tool_limits)
     config = DaemonConfig(
         watchdog=policy.runs.watchdog,
         permission_rules=tuple(policy.permissions.rules),
@@ -197,7 +215,8 @@ def serve(
     made: list[Daemon] = []
 
     def make() -> Daemon:
-        made.append(Daemon(config, plugins=plugins))
+        accountant = Accountant(tool_timeout_s=default_limit, tool_limits=limits)
+        made.append(Daemon(config, plugins=plugins, accountant=accountant))
         return made[-1]
 
     try:
@@ -227,6 +246,29 @@ def _leaf(group: BaseExceptionGroup[BaseException], kind: type[Exception]) -> Ex
     while isinstance(matched, BaseExceptionGroup):
         matched = matched.exceptions[0]  # type: ignore[assignment]
     return matched
+
+
+def _tool_limits(
+    policy: FileConfig, flag: float | None, per_tool: tuple[str, ...]
+) -> tuple[float | None, dict[str, float | None]]:
+    """Tool limits: the flags over the config file's ``[tools]``; 0 means none."""
+    default, limits = policy.tools.seconds()  # checked by load_config
+    if flag is not None:
+        if flag < 0:
+            fail(f"--tool-timeout cannot be negative: {flag:g} (0: no limit)", 2)
+        default = flag or None
+    for item in per_tool:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError("expected NAME=DURATION")
+            seconds = parse_duration(value.strip())
+            if seconds < 0:
+                raise ValueError("a limit cannot be negative")
+        except ValueError as exc:
+            fail(f"--tool-limit {item!r}: {exc}", 2)
+        limits[name.strip()] = seconds or None
+    return default, limits
 
 
 def _file_journal(policy: FileConfig) -> Path:

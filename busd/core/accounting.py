@@ -3,10 +3,18 @@
 :class:`Accountant` is pure: it is fed every envelope (``observe``) and asked
 for what is due at a given time (``tick``), and answers with derived events
 to publish. It emits ``busd.stats`` on ticks while a session is busy (so a
-thinking timer visibly ticks) and once more when the session goes quiet;
+thinking timer visibly ticks) and once more when the session goes quiet
+(idle, its run finished, or :data:`QUIET_AFTER_S` seconds without any event:
+a session that never says idle must not tick for ever);
 ``busd.context`` when a model call, a compaction or a provider report moves
-the context figure; ``busd.tool.timeout`` once per overdue tool call.
+the context figure; ``busd.tool.timeout`` once per overdue tool call, with
+a ``stream.tool.complete`` (status ``error``, error "timed out: ...") that
+ends the call on the bus.
 Nothing is emitted per delta, so accounting never doubles the event rate.
+
+Stale envelopes (late output of a finished or superseded run, see
+:mod:`busd.core.correlation`) are ignored: they would restart a session's
+clock that nothing stops, and add text the run's figures already closed on.
 
 :class:`busd.daemon.accounting.AccountingService` is the Trio shell: a bus
 handler plus a loop that sleeps until the next tick or tool deadline.
@@ -38,8 +46,19 @@ from .events import (
 )
 from .stats import StatsRegistry
 from .toolmetrics import ToolTracker
+from .windows import ModelWindow, ModelWindows
 
-__all__ = ["Accountant", "Derived"]
+__all__ = ["QUIET_AFTER_S", "TIMED_OUT", "Accountant", "Derived"]
+
+TIMED_OUT: Final = "timed out"
+"""How the error of a tool call busd ended at its limit starts (``stream.tool.complete``)."""
+
+QUIET_AFTER_S: Final = 60.0
+"""Seconds without any event after which a busy session stops ticking.
+
+Its next event resumes the ticks; its clock is not stopped (only idle or
+the end of the run stop it), so the figures stay right when it does.
+"""
 
 _CONTEXT_MOVERS = (Usage, TurnEnd, SessionCompaction, SessionContext)
 _QUIET = (SessionIdle, RunFinished)
@@ -79,12 +98,23 @@ class Accountant:
         window_for: Callable[[str], int | None] | None = None,
         tool_timeout_s: float | None = None,
         tool_limits: Mapping[str, float | None] | None = None,
+        quiet_after_s: float = QUIET_AFTER_S,
+        model_windows: Mapping[str, int | ModelWindow] | None = None,
     ) -> None:
+        """``context_window`` is the window of a model nobody knows;
+        ``model_windows`` overrides the model table by id or prefix (the
+        config's); ``window_for`` (tests, embedders) is asked before the table.
+        """
         self.tick_interval = tick_interval
+        self.quiet_after_s = quiet_after_s
         self._stats = StatsRegistry()
-        self._context = ContextRegistry(window=context_window, window_for=window_for)
+        self._context = ContextRegistry(
+            window=context_window, window_for=window_for, models=ModelWindows(model_windows)
+        )
         self.tools = ToolTracker(tool_timeout_s, tool_limits)
         self._busy: dict[str, str | None] = {}  # session id -> run id, while streaming
+        self._seen: dict[str, float] = {}  # busy session id -> time of its last event
+        self._stale = 0
         self._last_stats: dict[str, StreamingStats] = {}
         self._last_context: dict[tuple[str, str | None], ContextUsage] = {}
         self._next_tick: float | None = None
@@ -105,7 +135,19 @@ class Accountant:
         self.settle()
         return self._context
 
+    def set_context_window(self, session_id: str, window: int | None, reserve: int = 0) -> None:
+        """A run's own context window for ``session_id`` (``None``: back to the table)."""
+        self._context.pin(session_id, None if window is None else ModelWindow(window, reserve))
+
+    @property
+    def stale_events(self) -> int:
+        """Stale envelopes seen and ignored."""
+        return self._stale
+
     def observe(self, envelope: Envelope[Event], now: float) -> list[Derived]:
+        if envelope.stale:
+            self._stale += 1
+            return []
         event = envelope.event
         cls = type(event)
         if cls is TextDelta or cls is ThinkingDelta:
@@ -136,15 +178,20 @@ class Accountant:
             self._context.observe(envelope)
         if type(event) in _QUIET and envelope.agent_id is None:
             self._busy.pop(session_id, None)
+            self._seen.pop(session_id, None)
             self._emit_stats(session_id, envelope.run_id, now, out)
             return out
         if type(event) is TurnEnd:
             self._emit_stats(session_id, envelope.run_id, now, out)  # exact at each turn's end
+        self._busy_at(session_id, envelope.run_id, now)
+        return out
+
+    def _busy_at(self, session_id: str, run_id: str | None, now: float) -> None:
+        self._seen[session_id] = now
         if session_id not in self._busy:
-            self._busy[session_id] = envelope.run_id
+            self._busy[session_id] = run_id
             if self._next_tick is None:
                 self._next_tick = now + self.tick_interval
-        return out
 
     @property
     def deferred_deltas(self) -> int:
@@ -172,10 +219,8 @@ class Accountant:
         if len(deferred) >= _MAX_DEFERRED:
             self._account_deltas()
         session_id = envelope.session_id
-        if session_id is not None and session_id not in self._busy:
-            self._busy[session_id] = envelope.run_id
-            if self._next_tick is None:
-                self._next_tick = now + self.tick_interval
+        if session_id is not None:
+            self._busy_at(session_id, envelope.run_id, now)
         return []
 
     def _account_deltas(self) -> None:
@@ -216,15 +261,33 @@ class Accountant:
         self.settle()
         out: list[Derived] = []
         if self._next_tick is not None and now >= self._next_tick:
+            quiet_since = now - self.quiet_after_s
             for session_id, run_id in list(self._busy.items()):
                 self._emit_stats(session_id, run_id, now, out)
+                if self._seen.get(session_id, now) <= quiet_since:
+                    del self._busy[session_id]  # no event for too long: stop ticking
+                    self._seen.pop(session_id, None)
             self._next_tick = now + self.tick_interval if self._busy else None
         for timeout in self.tools.check(now):
             start = self.tools.started(timeout.tool_call_id)
             if start is None:
                 out.append(Derived(timeout, None))
-            else:
-                out.append(Derived(timeout, start.session_id, start.run_id, start.agent_id))
+                continue
+            scope = (start.session_id, start.run_id, start.agent_id)
+            out.append(Derived(timeout, *scope))
+            # The call ends on the bus with an error result, so transcripts, run
+            # summaries and tool metrics close it; a real result that still
+            # comes later is then a duplicate, ignored by trackers.
+            complete = ToolComplete(
+                tool_call_id=timeout.tool_call_id,
+                name=timeout.name,
+                status="error",
+                error=f"{TIMED_OUT}: no result after {timeout.limit_s:g}s "
+                f"(the busd limit for {timeout.name})",
+                duration_s=timeout.elapsed_s,
+            )
+            self.tools.observe(Envelope(0, now, complete, *scope, "busd.accounting"), now)
+            out.append(Derived(complete, *scope))
         return out
 
     def next_wakeup(self) -> float | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from .estimate import estimate_json_tokens, estimate_tokens
 from .events import (
@@ -49,6 +50,7 @@ from .events import (
     TurnStart,
     Usage,
 )
+from .windows import ModelWindow, ModelWindows
 
 __all__ = [
     "ContextRegistry",
@@ -113,6 +115,8 @@ class ContextWindow:
 
     :param window: the model's context window in tokens, ``None`` if unknown
         (then ``percent`` and ``free`` are ``None`` and nothing asks to compact).
+    :param reserve: room kept for the model's output (its maximum output
+        tokens): ``free`` is ``window - used - reserve``, never below 0.
     :param threshold: fraction of the window at which :meth:`should_compact`
         says yes.
     :param max_samples: how many estimate-vs-actual errors are kept.
@@ -128,6 +132,7 @@ class ContextWindow:
         "_last_output",
         "_pending",
         "_prediction",
+        "_reserve",
         "_since",
         "_system",
         "_threshold",
@@ -139,14 +144,20 @@ class ContextWindow:
     )
 
     def __init__(
-        self, window: int | None = None, *, threshold: float = 0.8, max_samples: int = 256
+        self,
+        window: int | None = None,
+        *,
+        reserve: int = 0,
+        threshold: float = 0.8,
+        max_samples: int = 256,
     ) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], not {threshold}")
         if max_samples < 1:
             raise ValueError("max_samples must be at least 1")
         self._window: int | None = None
-        self.set_window(window)
+        self._reserve = 0
+        self.set_window(window, reserve=reserve)
         self._threshold = threshold
         self._system = 0
         self._tools = 0
@@ -170,6 +181,11 @@ class ContextWindow:
     @property
     def window(self) -> int | None:
         return self._window
+
+    @property
+    def reserve(self) -> int:
+        """Tokens kept free for the model's output (0 when unknown)."""
+        return self._reserve
 
     @property
     def threshold(self) -> float:
@@ -197,10 +213,15 @@ class ContextWindow:
         return self._last_output
 
     def percent(self) -> float | None:
-        """``used`` as a percentage of the window (may pass 100); ``None`` if unknown."""
-        if self._window is None:
+        """``used`` as a percentage of the window, clamped to 0..100; ``None`` if unknown.
+
+        An estimate can overshoot the window (or a reported figure exceed a
+        window that was configured too small): a bar never shows 130%.
+        """
+        window = self._window
+        if window is None:
             return None
-        return 100.0 * self.used / self._window
+        return min(100.0, 100.0 * self.used / window)
 
     def should_compact(self) -> bool:
         """Whether the shown figure reached ``threshold`` of the window."""
@@ -215,18 +236,16 @@ class ContextWindow:
         used = self.used
         system = min(self._system, used)
         tools = min(self._tools, used - system)
-        free = None if self._window is None else max(0, self._window - used)
+        free = None if self._window is None else max(0, self._window - used - self._reserve)
         return ContextBreakdown(
             system=system, tools=tools, messages=used - system - tools, free=free
         )
 
     def snapshot(self) -> ContextUsage:
-        used = self.used
-        window = self._window
         return ContextUsage(
-            used=used,
-            window=window,
-            percent=None if window is None else 100.0 * used / window,
+            used=self.used,
+            window=self._window,
+            percent=self.percent(),
             estimated=not self._actual,
             breakdown=self.breakdown(),
         )
@@ -254,9 +273,14 @@ class ContextWindow:
 
     # -- what happened -----------------------------------------------------
 
-    def set_window(self, window: int | None) -> None:
+    def set_window(self, window: int | None, *, reserve: int | None = None) -> None:
+        """Set the window (and the output reserve; ``None`` keeps the current one)."""
         if window is not None and window <= 0:
             raise ValueError(f"a context window must be positive, not {window}")
+        if reserve is not None:
+            if reserve < 0:
+                raise ValueError(f"an output reserve cannot be negative: {reserve}")
+            self._reserve = reserve
         self._window = window
 
     def set_system(self, text_or_tokens: str | int) -> None:
@@ -422,20 +446,36 @@ class ContextRegistryStatistics:
 class ContextRegistry:
     """One :class:`ContextWindow` per conversation, keyed by ``(session_id, agent_id)``.
 
-    :param window: the window of a new conversation when ``window_for``
-        does not know its model.
-    :param window_for: maps a model name (from ``stream.session.start`` or
-        ``stream.usage``) to its window; ``None`` for "don't know".
+    The window of a conversation comes from, first to last: a size pinned
+    for its session (:meth:`pin`, a run's override), ``window_for``, the
+    model table ``models`` (:class:`~busd.core.windows.ModelWindows`, with
+    the config's overrides), and ``window``. The model is the one named by
+    ``stream.session.start``, ``busd.run.started`` or ``stream.usage``.
+
+    :param window: the window of a new conversation when nothing knows its model.
+    :param window_for: maps a model name to its window; ``None`` for "don't know".
+    :param models: the model table (no output reserve without it).
     :param max_windows: bound; the least recently fed conversation goes first.
     """
 
-    __slots__ = ("_evicted", "_last", "_max", "_threshold", "_window", "_window_for", "_windows")
+    __slots__ = (
+        "_evicted",
+        "_last",
+        "_max",
+        "_models",
+        "_pinned",
+        "_threshold",
+        "_window",
+        "_window_for",
+        "_windows",
+    )
 
     def __init__(
         self,
         *,
         window: int | None = None,
         window_for: Callable[[str], int | None] | None = None,
+        models: ModelWindows | None = None,
         threshold: float = 0.8,
         max_windows: int = 1024,
     ) -> None:
@@ -443,11 +483,29 @@ class ContextRegistry:
             raise ValueError("max_windows must be at least 1")
         self._window = window
         self._window_for = window_for
+        self._models = models
         self._threshold = threshold
         self._max = max_windows
         self._windows: dict[tuple[str, str | None], ContextWindow] = {}
         self._last: tuple[tuple[str, str | None], ContextWindow] | None = None
+        self._pinned: dict[str, ModelWindow] = {}
         self._evicted = 0
+
+    def pin(self, session_id: str, window: ModelWindow | None) -> None:
+        """Fix the window of ``session_id``'s conversations (``None``: unpin).
+
+        For a run's own override: the model table and later model names no
+        longer change it.
+        """
+        if window is None:
+            self._pinned.pop(session_id, None)
+            return
+        if len(self._pinned) >= self._max and session_id not in self._pinned:
+            del self._pinned[next(iter(self._pinned))]
+        self._pinned[session_id] = window
+        for (sid, _), context in self._windows.items():
+            if sid == session_id:
+                context.set_window(window.window, reserve=window.reserve)
 
     def get(self, session_id: str, agent_id: str | None = None) -> ContextWindow | None:
         return self._windows.get((session_id, agent_id))
@@ -464,7 +522,13 @@ class ContextRegistry:
             if len(windows) >= self._max:
                 del windows[next(iter(windows))]
                 self._evicted += 1
-            found = ContextWindow(self._window, threshold=self._threshold)
+            pinned = self._pinned.get(session_id)
+            if pinned is not None:
+                found = ContextWindow(
+                    pinned.window, reserve=pinned.reserve, threshold=self._threshold
+                )
+            else:
+                found = ContextWindow(self._window, threshold=self._threshold)
         windows[key] = found
         self._last = (key, found)
         return found
@@ -476,12 +540,24 @@ class ContextRegistry:
             return None
         context = self.window(session_id, envelope.agent_id)
         event = envelope.event
-        if self._window_for is not None and (type(event) is SessionStart or type(event) is Usage):
-            size = self._window_for(event.model) if event.model else None
-            if size is not None:
-                context.set_window(size)
+        cls = type(event)
+        if cls is SessionStart or cls is Usage or cls is RunStarted:
+            model = cast(SessionStart, event).model
+            if model and session_id not in self._pinned:
+                self._size(context, model)
         context.observe(envelope)
         return context
+
+    def _size(self, context: ContextWindow, model: str) -> None:
+        if self._window_for is not None:
+            size = self._window_for(model)
+            if size is not None:
+                context.set_window(size, reserve=0 if context.reserve >= size else None)
+                return
+        if self._models is not None:
+            found = self._models.lookup(model)
+            if found is not None:
+                context.set_window(found.window, reserve=found.reserve)
 
     def observe_many(self, items: Sequence[tuple[Envelope[Event], float]]) -> None:
         """:meth:`observe` each of ``items``: deltas of one conversation, in order."""
@@ -493,6 +569,8 @@ class ContextRegistry:
             context.observe(envelope)
 
     def discard(self, session_id: str, agent_id: str | None = None) -> None:
+        if agent_id is None:
+            self._pinned.pop(session_id, None)
         self._windows.pop((session_id, agent_id), None)
         if self._last is not None and self._last[0] == (session_id, agent_id):
             self._last = None

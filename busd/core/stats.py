@@ -6,13 +6,14 @@ at any time (``snapshot(now)``); time is always an argument, never read.
 docs/accounting.md states the rules; in short:
 
 - **Output tokens.** ``stream.usage`` carries running totals, so a report
-  only counts when it raises the figure (repeats and late snapshots are
-  absorbed). Text, thinking and tool-input seen *after* the last report is
-  estimated (:func:`busd.core.estimate.estimate_tokens`) and added on top, with
-  ``output_estimated=True``; the next report replaces that estimate. So the
-  authoritative part never goes down, while the total may drop once when an
-  over-estimate is corrected: a number that is wrong is worse than one that
-  moves.
+  never lowers the figure (late snapshots are absorbed). Text, thinking and
+  tool-input seen *after* the last report is estimated
+  (:func:`busd.core.estimate.estimate_tokens`) and added on top, with
+  ``output_estimated=True``; the next report replaces that estimate, also
+  when it is lower than the estimate, equal to the last report, or zero. So
+  the authoritative part never goes down, while the total may drop once when
+  an over-estimate is corrected: a number that is wrong is worse than one
+  that moves.
 - **Thinking time.** A live wall-clock timer per stream runs from the first
   thinking delta to the first event of that stream that is not thinking; a
   ``duration_s`` on ``stream.thinking.complete`` replaces what the timer
@@ -402,9 +403,12 @@ class StreamingStatsTracker:
 
     def _report(self, key: LaneKey, lane: _Lane, cumulative: int) -> None:
         self._reports += 1
-        if cumulative <= lane.reported:
-            self._stale_reports += 1  # a repeat or a late snapshot: covers nothing new
+        if cumulative < lane.reported:
+            self._stale_reports += 1  # a late snapshot: covers nothing new
             return
+        # A count equal to the last one (a model call that streamed text the
+        # provider had already counted, or a failed call's authoritative 0)
+        # still covers everything seen so far: the estimate gives way to it.
         lane.reported = cumulative
         authoritative = cumulative - lane.base
         self._auth_total += authoritative - lane.authoritative

@@ -9,7 +9,11 @@ and the same sum can be shown, priced or compared across them.
 ``output_tokens`` is each provider's own output figure, so counts match what
 that provider shows and bills: reasoning is inside it for Anthropic, OpenAI,
 Bedrock, litellm and Copilot, and beside it for OpenCode (whose
-``tokens.output`` leaves ``tokens.reasoning`` out).
+``tokens.output`` leaves ``tokens.reasoning`` out). Gemini bills its thoughts
+as output but counts them beside its answer, so busd adds them in.
+
+A payload of a shape no mapping knows is reported (counted and logged),
+never silently read as zeros; :func:`read_usage` returns ``None`` for it.
 
 :func:`normalize_usage` never raises on payload content: a missing, ``None``
 or malformed count is 0, and a cost that is not a plain non-negative number
@@ -24,12 +28,24 @@ call's own counts; Copilot's ``assistant.usage``), which are added.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import BusdError
 from .events import TokenUsage
+from .usagefields import (
+    _GEMINI_KEYS,
+    _PRIMARY_KEYS,
+    _cost,
+    _get,
+    _has,
+    _inclusive,
+    _money,
+    _pick,
+    _report_unrecognized,
+    _unknown_shape,
+    unrecognized_usage,
+)
 
 __all__ = [
     "PROVIDERS",
@@ -39,10 +55,9 @@ __all__ = [
     "add_usage",
     "merge_cumulative",
     "normalize_usage",
+    "read_usage",
+    "unrecognized_usage",
 ]
-
-_MAX_COUNT = 2**63 - 1
-"""Counts above this are garbage, and would not fit a signed 64-bit wire integer."""
 
 _ZERO = TokenUsage()
 
@@ -51,99 +66,10 @@ class UnknownProvider(BusdError, ValueError):
     """``normalize_usage(provider=...)`` got a name it has no mapping for."""
 
 
-# -- reading untrusted payloads ----------------------------------------------
-
-
-def _get(obj: object, key: str) -> object:
-    """``obj[key]`` for mappings, ``obj.key`` for anything else; ``None`` when absent.
-
-    SDKs hand over dicts, pydantic models, dataclasses and generated classes;
-    all of them are read the same way, and nothing they do can raise here.
-    """
-    if obj is None or isinstance(obj, str | bytes | int | float | list | tuple):
-        return None
-    try:
-        if isinstance(obj, Mapping):
-            return obj.get(key)
-        return getattr(obj, key, None)
-    except Exception:
-        return None
-
-
-def _count(value: object) -> int:
-    """A token count, or 0 when ``value`` is not one (bool, negative, fractional, huge)."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return int(value) if 0 <= value <= _MAX_COUNT else 0
-    if isinstance(value, float) and value.is_integer() and 0 <= value <= _MAX_COUNT:
-        return int(value)
-    return 0
-
-
-def _pick(obj: object, *keys: str) -> int:
-    """The largest count among alternative spellings of one field."""
-    best = 0
-    for key in keys:
-        n = _count(_get(obj, key))
-        if n > best:
-            best = n
-    return best
-
-
-def _money(value: object) -> float | None:
-    """A cost in USD, or ``None`` when ``value`` is not a finite non-negative number.
-
-    Also reads ``{"amount": x, "currency": "USD"}`` (the Agent Client Protocol's shape);
-    any other currency is not USD and so stays unknown.
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        cost = float(value)
-        return cost if math.isfinite(cost) and cost >= 0 else None
-    if isinstance(value, Mapping):
-        currency = _get(value, "currency")
-        if isinstance(currency, str) and currency.upper() == "USD":
-            return _money(_get(value, "amount"))
-    return None
-
-
-_USD_KEYS = ("cost_usd", "total_cost_usd", "costUSD")
-_PRIMARY_KEYS = (
-    "input_tokens",
-    "output_tokens",
-    "prompt_tokens",
-    "completion_tokens",
-    "inputTokens",
-    "outputTokens",
-    "tokens",
-)
-
-
-def _cost(obj: object, *, plain: bool) -> float | None:
-    """The first valid USD figure on ``obj``; ``plain`` admits a bare ``cost`` field."""
-    for key in _USD_KEYS:
-        cost = _money(_get(obj, key))
-        if cost is not None:
-            return cost
-    return _money(_get(obj, "cost")) if plain else None
-
-
-def _has(obj: object, *keys: str) -> bool:
-    return any(_get(obj, key) is not None for key in keys)
-
-
 # -- one mapping per provider family -----------------------------------------
 
 _Counts = tuple[int, int, int, int, int]
 """input (uncached), output (as the provider counts it), reasoning, cache read, cache write."""
-
-
-def _inclusive(prompt: int, read: int, write: int) -> int:
-    """Uncached input from a prompt count that already contains the cached tokens."""
-    rest = prompt - read - write
-    return rest if rest > 0 else 0
 
 
 def _anthropic(p: object) -> _Counts:
@@ -171,10 +97,16 @@ def _openai_responses(p: object) -> _Counts:
 def _openai_chat(p: object) -> _Counts:
     # OpenAI chat completions and litellm's superset of it: prompt_tokens holds every
     # input token, cached reads (and, in litellm, cache writes) included.
+    # litellm also spells them cache_read_tokens / cache_creation_tokens (top level or
+    # in the details); all of them are inside prompt_tokens, never beside it.
     prompt_details = _get(p, "prompt_tokens_details")
-    read = max(_pick(prompt_details, "cached_tokens"), _pick(p, "cache_read_input_tokens"))
+    read = max(
+        _pick(prompt_details, "cached_tokens", "cache_read_tokens"),
+        _pick(p, "cache_read_input_tokens", "cache_read_tokens"),
+    )
     write = max(
-        _pick(prompt_details, "cache_creation_tokens"), _pick(p, "cache_creation_input_tokens")
+        _pick(prompt_details, "cache_creation_tokens"),
+        _pick(p, "cache_creation_input_tokens", "cache_creation_tokens"),
     )
     reasoning = max(
         _pick(_get(p, "completion_tokens_details"), "reasoning_tokens"),
@@ -228,6 +160,21 @@ def _opencode(p: object) -> _Counts:
     return inp, out, reasoning, read, write
 
 
+def _gemini(p: object) -> _Counts:
+    # Gemini's usageMetadata (ai.google.dev/api/generate-content#UsageMetadata):
+    # promptTokenCount holds the cached share (cachedContentTokenCount) and a
+    # hosted tool's prompt is beside it (toolUsePromptTokenCount); the answer
+    # (candidatesTokenCount) leaves the thoughts out (thoughtsTokenCount), and
+    # both are billed as output, so output is their sum with reasoning inside,
+    # as for Anthropic and OpenAI. Gemini reports no cache writes.
+    read = _pick(p, "cachedContentTokenCount", "cached_content_token_count")
+    prompt = _pick(p, "promptTokenCount", "prompt_token_count")
+    tool_prompt = _pick(p, "toolUsePromptTokenCount", "tool_use_prompt_token_count")
+    thoughts = _pick(p, "thoughtsTokenCount", "thoughts_token_count")
+    answer = _pick(p, "candidatesTokenCount", "candidates_token_count")
+    return _inclusive(prompt + tool_prompt, read, 0), answer + thoughts, thoughts, read, 0
+
+
 def _busd(p: object) -> _Counts:
     return (
         _pick(p, "input_tokens"),
@@ -248,13 +195,20 @@ _MAPPERS: dict[str, _Mapper] = {
     "bedrock": _bedrock,
     "copilot": _copilot,
     "opencode": _opencode,
+    "gemini": _gemini,
     "busd": _busd,
 }
-_ALIASES = {"claude": "anthropic", "claude_code": "anthropic", "responses": "openai_responses"}
+_ALIASES = {
+    "claude": "anthropic",
+    "claude_code": "anthropic",
+    "responses": "openai_responses",
+    "google": "gemini",
+    "vertex": "gemini",
+}
 
 PROVIDERS: tuple[str, ...] = tuple(_MAPPERS)
-"""Provider names :func:`normalize_usage` accepts (plus aliases ``claude``, ``responses``)."""
-
+"""Provider names :func:`normalize_usage` accepts (plus aliases ``claude``, ``responses``,
+``google``, ``vertex``)."""
 
 _COPILOT_CAMEL = (
     "cacheReadTokens",
@@ -281,6 +235,8 @@ def _detect(p: object) -> str:
     """Which provider family wrote ``p``, from the keys it carries."""
     if _get(p, "tokens") is not None:
         return "opencode"
+    if _has(p, *_GEMINI_KEYS):
+        return "gemini"
     if _has(p, "inputTokens", "outputTokens"):
         # Bedrock never carries a plain ``cost``; Copilot's is a multiplier that must
         # not be read as USD. Bare {inputTokens, outputTokens} maps the same either way.
@@ -300,6 +256,35 @@ def _detect(p: object) -> str:
         if _get(details, "reasoning_tokens") is not None:
             return "openai_responses"
     return "anthropic"
+
+
+def _unwrap(payload: object) -> object:
+    inner = _get(payload, "usage")
+    if inner is None:
+        inner = _get(payload, "usageMetadata")
+        if inner is None:
+            inner = _get(payload, "usage_metadata")
+    if inner is not None and not _has(payload, *_PRIMARY_KEYS, *_GEMINI_KEYS):
+        return inner
+    if isinstance(tokens := _get(payload, "tokens"), TokenUsage):
+        return tokens  # a stream.usage event
+    return payload
+
+
+def read_usage(payload: object, *, provider: str | None = None) -> TokenUsage | None:
+    """:func:`normalize_usage`, or ``None`` for a payload of a shape busd does not know.
+
+    Use it where "no usage" and "zero tokens" must differ: an unrecognised
+    shape is counted (:func:`unrecognized_usage`) and logged, never read as
+    zeros. ``None`` (no usage at all) is ``None`` too, without a report.
+    """
+    if payload is None:
+        return None
+    inner = _unwrap(payload)
+    if _unknown_shape(inner):
+        _report_unrecognized(inner)
+        return None
+    return normalize_usage(payload, provider=provider)
 
 
 def normalize_usage(payload: object, *, provider: str | None = None) -> TokenUsage:
@@ -327,11 +312,9 @@ def normalize_usage(payload: object, *, provider: str | None = None) -> TokenUsa
                 f"no usage mapping for provider {provider!r}; known: {', '.join(PROVIDERS)}"
             )
     outer = payload
-    inner = _get(payload, "usage")
-    if inner is not None and not _has(payload, *_PRIMARY_KEYS):
-        payload = inner
-    elif isinstance(tokens := _get(payload, "tokens"), TokenUsage):
-        payload = tokens  # a stream.usage event
+    payload = _unwrap(payload)
+    if _unknown_shape(payload):
+        _report_unrecognized(payload)  # read as zeros here; see read_usage
     if name is None:
         name = "busd" if isinstance(payload, TokenUsage) else _detect(payload)
     inp, out, reasoning, read, write = _MAPPERS[name](payload)

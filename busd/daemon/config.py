@@ -14,6 +14,12 @@
     category = "execute"
     command = "rm -rf"        # regular expression searched in input.command
 
+    [tools]                   # tool-call limits (docs/accounting.md); flags win
+    timeout = "10m"           # every tool; s, m, h, d, w or seconds; 0: no limit
+    [tools.limits]            # per tool name; 0: no limit for that tool
+    Bash = "30m"
+    WebFetch = 60
+
     [journal]                 # durable history (docs/journal.md); flags win
     path = "~/.local/state/busd/journal.sqlite3"
     max_age = "30d"           # s, m, h, d, w; 0: no limit
@@ -32,6 +38,7 @@ Unknown keys are errors, so a typo cannot silently weaken a policy; what a
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -59,6 +66,29 @@ class _Runs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     watchdog: float = 300.0
 
 
+class _Tools(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    timeout: str | float | None = None
+    limits: dict[str, str | float] = {}
+
+    def seconds(self) -> tuple[float | None, dict[str, float | None]]:
+        """``(default limit, per-tool limits)`` in seconds; 0 becomes ``None`` (no limit).
+
+        :class:`ValueError` for a value that is not a duration, or negative.
+        """
+        return _tool_limit(self.timeout), {
+            name: _tool_limit(value) for name, value in self.limits.items()
+        }
+
+
+def _tool_limit(value: str | float | None) -> float | None:
+    if value is None:
+        return None
+    seconds = parse_duration(value) if isinstance(value, str) else float(value)
+    if not 0 <= seconds < math.inf:
+        raise ValueError(f"a tool limit is a duration, 0 for none, not {value!r}")
+    return float(seconds) or None
+
+
 class _Journal(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     path: str | None = None
     max_age: str | float | None = None
@@ -83,6 +113,7 @@ class FileConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
 
     runs: _Runs = _Runs()
     permissions: _Permissions = _Permissions()
+    tools: _Tools = _Tools()
     journal: _Journal = _Journal()
     roles: dict[str, list[str]] = {}
     plugins: dict[str, dict[str, Any]] = {}
@@ -108,6 +139,10 @@ def load_config(path: Path) -> FileConfig:
         config.journal.limits()
     except ValueError as exc:
         raise ConfigError(f"{path}: [journal]: {exc}") from None
+    try:
+        config.tools.seconds()
+    except ValueError as exc:
+        raise ConfigError(f"{path}: [tools]: {exc}") from None
     try:
         config.grants()
     except ValueError as exc:
