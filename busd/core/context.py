@@ -126,6 +126,7 @@ class ContextWindow:
         "_actual",
         "_anchor",
         "_calls",
+        "_compacted_in_turn",
         "_cumulative",
         "_errors",
         "_last_input",
@@ -174,6 +175,7 @@ class ContextWindow:
         self._turn_base: TokenUsage | None = None
         self._turn_open = False
         self._turn_usage = False
+        self._compacted_in_turn = False  # the call's usage is a billed sum, not the context
         self._pending: dict[str, list[str]] = {}  # streamed text of this call not yet complete
 
     # -- reading -----------------------------------------------------------
@@ -390,6 +392,7 @@ class ContextWindow:
         elif type(event) is TurnStart:
             self._turn_open = True
             self._turn_usage = False
+            self._compacted_in_turn = False
             self._turn_base = self._cumulative
             self._pending.clear()
             self.call_started()
@@ -403,6 +406,7 @@ class ContextWindow:
                 self.add_message(event.prompt)
         elif type(event) is SessionCompaction:
             self.compacted(event.tokens_after)
+            self._compacted_in_turn = self._turn_open
         elif type(event) is SessionTruncation and event.tokens_removed:
             self.truncated(event.tokens_removed)
         elif type(event) is SessionContext:
@@ -416,6 +420,7 @@ class ContextWindow:
         self._pending.clear()
         self._turn_open = False
         self._turn_usage = False
+        self._compacted_in_turn = False
 
     def _usage(self, tokens: TokenUsage) -> None:
         previous = self._cumulative
@@ -423,6 +428,11 @@ class ContextWindow:
         if cumulative == previous:
             return  # a repeat or a late snapshot
         self._cumulative = cumulative
+        if self._compacted_in_turn:
+            # A compacting call bills every iteration (Anthropic's usage.iterations): its
+            # sum is no context figure, and not an estimate's outcome. What is in the
+            # window comes with stream.session.context, or from the next call.
+            return
         if self._turn_open:
             update = self._turn_usage
         elif previous is None or _context_input(cumulative) > _context_input(previous):

@@ -159,3 +159,24 @@ def test_the_context_window_ends_at_the_last_iteration_after_a_compaction() -> N
     for seq, item in enumerate(out, 1):
         window.observe(Envelope(seq, 0.0, item.event, item.session_id))
     assert window.used == 3_431
+
+
+def test_after_a_compaction_the_billed_sum_is_never_shown_as_the_context() -> None:
+    """Between the compaction and the provider's figure, the window never reads 64,338.
+
+    The call's ``stream.usage`` is the billed sum over its iterations
+    (60,997 + 3,341); it is no context figure, and the call is not graded as
+    an estimate: the context after it is the last iteration's, 612 + 2,819.
+    """
+    out, _ = feed(COMPACTION)
+    window = ContextWindow()
+    shown: list[int] = []
+    for seq, item in enumerate(out, 1):
+        window.observe(Envelope(seq, 0.0, item.event, item.session_id))
+        shown.append(window.used)
+    assert 60_997 + 3_341 not in shown
+    compacted = next(i for i, e in enumerate(out) if type(e.event) is SessionCompaction)
+    assert max(shown[compacted:]) <= 60_385  # never above what was there before it
+    assert shown[-1] == 612 + 2_819
+    stats = window.statistics()
+    assert (stats.calls, stats.samples) == (1, 0)  # counted once (message_start), never graded
