@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import trio
 from busd_anthropic import AnthropicAdapter
 
+from busd.client import connect
 from busd.core.accounting import Accountant
 from busd.core.events import (
     ContextUsage,
@@ -17,6 +19,10 @@ from busd.core.events import (
     SessionCompaction,
 )
 from busd.core.windows import MODEL_WINDOWS, ModelWindow, ModelWindows, normalize_model_id
+from busd.daemon.config import ConfigError, load_config
+from busd.wire import Snapshot
+
+from .daemon_helpers import BUSD, serving
 
 CAPTURE = Path(__file__).resolve().parent / "fixtures" / "sdk" / "anthropic-text.recorded.jsonl"
 
@@ -139,3 +145,46 @@ def test_compaction_restarts_context_accounting_from_its_figure() -> None:
     window = accountant.context.get("s1")
     assert window is not None
     assert window.used == 10 + 1  # "hello" estimates to one token
+
+
+def test_the_config_file_overrides_the_table(tmp_path: Path) -> None:
+    path = tmp_path / "busd.toml"
+    path.write_text(
+        "[context.windows]\n"
+        '"my-local-model" = 32768\n'
+        '"claude-sonnet-4" = { window = 1000000, reserve = 64000 }\n'
+    )
+    windows = ModelWindows(load_config(path).context.model_windows())
+    assert windows.lookup("my-local-model-q4") == ModelWindow(32_768, 0)
+    assert windows.lookup("claude-sonnet-4-5-20250929") == ModelWindow(1_000_000, 64_000)
+    assert windows.lookup("gpt-4o") == MODEL_WINDOWS["gpt-4o"]  # the table still answers
+    for text, why in [
+        ('[context.windows]\n"m" = 0', "must be positive"),
+        ('[context.windows]\n"m" = { window = 10, reserve = 10 }', "reserve"),
+        ('[context.windows]\n"m" = { size = 10 }', "size"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=why):
+            load_config(path)
+
+
+async def test_busd_serve_takes_the_window_from_its_config(tmp_path: Path) -> None:
+    """A real ``busd serve --config``: the recorded Sonnet session reads 150,000, not 200,000."""
+    config = tmp_path / "busd.toml"
+    config.write_text('[context.windows]\n"claude-sonnet-4-5" = { window = 150000 }\n')
+    sock = tmp_path / "bus.sock"
+    async with serving(sock, "--no-journal", "--config", str(config)):
+        ingest = [*BUSD, "ingest", "--socket", str(sock), "--sdk", "anthropic"]
+        done = await trio.run_process(
+            [*ingest, "--session", "s1", str(CAPTURE)], capture_stderr=True
+        )
+        assert done.returncode == 0, done.stderr
+        async with connect(sock, client="test") as client:
+            with trio.fail_after(20):
+                while True:  # the daemon is another process: polled, with a deadline
+                    snapshot = await client.request(Snapshot(session_id="s1"))
+                    if snapshot.get("context"):
+                        break
+                    await trio.sleep(0.05)
+    # 12 input + 30 output, in a window of 150,000 with no reserve.
+    assert (snapshot["context"]["used"], snapshot["context"]["window"]) == (42, 150_000)

@@ -215,7 +215,11 @@ def serve(
     made: list[Daemon] = []
 
     def make() -> Daemon:
-        accountant = Accountant(tool_timeout_s=default_limit, tool_limits=limits)
+        accountant = Accountant(
+            tool_timeout_s=default_limit,
+            tool_limits=limits,
+            model_windows=policy.context.model_windows(),  # checked by load_config
+        )
         made.append(Daemon(config, plugins=plugins, accountant=accountant))
         return made[-1]
 

@@ -20,6 +20,10 @@
     Bash = "30m"
     WebFetch = 60
 
+    [context.windows]         # model id or prefix -> its context window (docs/accounting.md)
+    "my-local-model" = 32768                                   # the reserve: 0
+    "claude-sonnet-4" = { window = 1000000, reserve = 64000 }  # over the built-in table
+
     [journal]                 # durable history (docs/journal.md); flags win
     path = "~/.local/state/busd/journal.sqlite3"
     max_age = "30d"           # s, m, h, d, w; 0: no limit
@@ -47,6 +51,7 @@ import msgspec
 
 from ..core.errors import BusdError
 from ..core.permissions import PermissionRule
+from ..core.windows import ModelWindow
 from ..wire import Right, Role, narrow
 from .journalfile import parse_duration, parse_size
 
@@ -89,6 +94,27 @@ def _tool_limit(value: str | float | None) -> float | None:
     return float(seconds) or None
 
 
+class _Window(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    window: int
+    reserve: int = 0
+
+
+class _Context(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    windows: dict[str, int | _Window] = {}
+
+    def model_windows(self) -> dict[str, int | ModelWindow]:
+        """Overrides of the model table; :class:`ValueError` for an impossible one."""
+        made: dict[str, int | ModelWindow] = {}
+        for model, given in self.windows.items():
+            if isinstance(given, int):
+                if given <= 0:
+                    raise ValueError(f"{model!r}: a context window must be positive, not {given}")
+                made[model] = given
+            else:
+                made[model] = ModelWindow(given.window, given.reserve)
+        return made
+
+
 class _Journal(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     path: str | None = None
     max_age: str | float | None = None
@@ -114,6 +140,7 @@ class FileConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     runs: _Runs = _Runs()
     permissions: _Permissions = _Permissions()
     tools: _Tools = _Tools()
+    context: _Context = _Context()
     journal: _Journal = _Journal()
     roles: dict[str, list[str]] = {}
     plugins: dict[str, dict[str, Any]] = {}
@@ -143,6 +170,10 @@ def load_config(path: Path) -> FileConfig:
         config.tools.seconds()
     except ValueError as exc:
         raise ConfigError(f"{path}: [tools]: {exc}") from None
+    try:
+        config.context.model_windows()
+    except ValueError as exc:
+        raise ConfigError(f"{path}: [context.windows]: {exc}") from None
     try:
         config.grants()
     except ValueError as exc:
