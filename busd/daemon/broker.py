@@ -80,6 +80,27 @@ class PermissionBroker:
 
     # -- the driver's side ----------------------------------------------------------
 
+    def expect(self, envelope: Envelope[Any]) -> None:
+        """A driven run's request is on the bus: decide it by policy and rules, or let people.
+
+        Called as the run publishes it, before its driver asks (some SDKs
+        announce a request on their event stream before they call back for
+        the answer): an answer given as soon as a frontend shows the card is
+        taken, not refused. :meth:`request` then returns the decision, or
+        waits for it.
+        """
+        request = envelope.event
+        assert isinstance(request, PermissionRequested)
+        assert envelope.session_id is not None and envelope.run_id is not None
+        request_id = request.request_id
+        if request_id in self._pending or request_id in self._resolved:
+            return
+        pending = _Pending(request, envelope.session_id, envelope.run_id)
+        self._pending[request_id] = pending
+        decision = self._decide_by_policy(request, envelope)
+        if decision is not None:
+            self._resolve(pending, decision)
+
     async def request(
         self,
         request: PermissionRequested,
@@ -91,33 +112,32 @@ class PermissionBroker:
         """Decide ``request`` for a driven run: policy, rules, then people."""
         request_id = request.request_id
         if request_id in self._resolved:
+            self._pending.pop(request_id, None)
             return self._resolved[request_id]
-        envelope: Envelope[Event]
-        if request_id not in self._published:
-            envelope = self._publish(
-                request, session_id=session_id, run_id=run_id, agent_id=agent_id
-            )
-        else:
-            envelope = Envelope(0, 0.0, request, session_id, run_id, agent_id)
-        pending = _Pending(request, session_id, run_id)
-        self._pending[request_id] = pending
-        try:
-            decision = self._decide_by_policy(request, envelope)
-            if decision is not None:
-                self._resolve(pending, decision)
+        if request_id not in self._pending:
+            envelope: Envelope[Any]
+            if request_id in self._published:
+                envelope = Envelope(0, 0.0, request, session_id, run_id, agent_id)
             else:
+                envelope = self._publish(
+                    request, session_id=session_id, run_id=run_id, agent_id=agent_id
+                )
+            self.expect(envelope)
+        pending = self._pending[request_id]
+        try:
+            if pending.decision is None:
                 with trio.move_on_after(self.timeout if self.timeout is not None else float("inf")):
                     await pending.done.wait()
-                if pending.decision is None:
-                    self._resolve(
-                        pending,
-                        decision_for(
-                            request,
-                            allow=False,
-                            by="timeout",
-                            reason=f"nobody answered within {self.timeout}s",
-                        ),
-                    )
+            if pending.decision is None:
+                self._resolve(
+                    pending,
+                    decision_for(
+                        request,
+                        allow=False,
+                        by="timeout",
+                        reason=f"nobody answered within {self.timeout}s",
+                    ),
+                )
         finally:
             self._pending.pop(request_id, None)
         assert pending.decision is not None

@@ -379,6 +379,8 @@ class RunManager:
             )
             if envelope is not None:
                 published.append(envelope.event)
+                if type(envelope.event) is PermissionRequested:
+                    self.broker.expect(envelope)  # answerable from now, before the driver asks
         return published
 
     def _finish(self, state: RunState, error: str | None) -> None:
