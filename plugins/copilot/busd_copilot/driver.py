@@ -386,8 +386,13 @@ def _settle(answer: asyncio.Future[Any], value: object) -> None:
 
 
 def _sdk_kwargs(request: RunRequest) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``create_session`` and ``send`` keyword arguments for a request; raises on bad ones."""
-    session: dict[str, Any] = {}
+    """``create_session`` and ``send`` keyword arguments for a request; raises on bad ones.
+
+    Streaming is on unless the options say otherwise: without it the SDK
+    sends each answer whole at the end, and live frontends show nothing
+    until then.
+    """
+    session: dict[str, Any] = {"streaming": True}
     if request.model:
         session["model"] = request.model
     if request.system_prompt is not None:

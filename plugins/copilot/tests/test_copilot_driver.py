@@ -300,9 +300,17 @@ async def test_the_options_reach_the_cli(tmp_path: Path) -> None:
     assert created["workingDirectory"] == str(tmp_path)
     assert created["reasoningEffort"] == "high"
     assert created["requestPermission"] is True
+    assert created["streaming"] is True  # deltas for `busd run --pretty` and every frontend
     [sent] = record.params("session.send")
     assert sent["prompt"] == "Find where login is implemented"
     assert (sent["agentMode"], sent["displayPrompt"]) == ("plan", "find login")
+
+
+async def test_a_run_may_turn_streaming_off(tmp_path: Path) -> None:
+    driver, record = fake_cli(tmp_path)
+    await driver.run(ScriptedContext(request(options={"streaming": False}), [ALLOW]))
+    [created] = record.params("session.create")
+    assert created["streaming"] is False
 
 
 async def test_a_later_run_resumes_the_sdk_session(tmp_path: Path) -> None:
