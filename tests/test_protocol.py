@@ -762,32 +762,34 @@ def test_the_documented_hex_examples_are_what_the_encoder_writes(name: str) -> N
     assert hexdump(encode_frame(DOC_EXAMPLES[name])) in DOC
 
 
-@pytest.mark.parametrize(
+DOCUMENTED = pytest.mark.parametrize(
     "cls",
     [*Frame.__subclasses__(), *COMMANDS, Outgoing, Limits, ErrorInfo],
     ids=lambda cls: cls.__name__,
 )
-def test_every_frame_and_field_is_documented(cls: type[msgspec.Struct]) -> None:
+
+
+def _doc_section(cls: type[msgspec.Struct]) -> tuple[str, str]:
+    """``(heading, text)`` of the protocol.md section that documents ``cls``."""
     tag = cls.__struct_config__.tag
     heading = f"`{tag}`" if isinstance(tag, str) else cls.__name__
     match = re.search(rf"^#+ {re.escape(heading)}\n(.*?)(?=^#)", DOC, re.MULTILINE | re.DOTALL)
     assert match, f"no section for {heading}"
+    return heading, match[1]
+
+
+@DOCUMENTED
+def test_every_frame_and_field_is_documented(cls: type[msgspec.Struct]) -> None:
+    heading, text = _doc_section(cls)
     for field in cls.__struct_fields__:
-        assert f"| `{field}` |" in match.group(1), f"{heading}.{field}"
+        assert f"| `{field}` |" in text, f"{heading}.{field}"
 
 
-@pytest.mark.parametrize(
-    "cls",
-    [*Frame.__subclasses__(), *COMMANDS, Outgoing, Limits, ErrorInfo],
-    ids=lambda cls: cls.__name__,
-)
+@DOCUMENTED
 def test_no_documented_field_is_missing_from_the_type(cls: type[msgspec.Struct]) -> None:
     """The other way round: the section's field table names fields the type has, no more."""
-    tag = cls.__struct_config__.tag
-    heading = f"`{tag}`" if isinstance(tag, str) else cls.__name__
-    match = re.search(rf"^#+ {re.escape(heading)}\n(.*?)(?=^#)", DOC, re.MULTILINE | re.DOTALL)
-    assert match, f"no section for {heading}"
-    table = re.search(r"^\| field \| type \| default \|\n\| --- .*?\n((?:\|.*\n)*)", match[1], re.M)
+    heading, text = _doc_section(cls)
+    table = re.search(r"^\| field \| type \| default \|\n\| --- .*?\n((?:\|.*\n)*)", text, re.M)
     if table is None:
         assert not cls.__struct_fields__, f"{heading} has fields but no field table"
         return
