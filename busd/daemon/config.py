@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,20 +163,15 @@ def load_config(path: Path) -> FileConfig:
         config = msgspec.convert(raw, FileConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    try:
-        config.journal.limits()
-    except ValueError as exc:
-        raise ConfigError(f"{path}: [journal]: {exc}") from None
-    try:
-        config.tools.seconds()
-    except ValueError as exc:
-        raise ConfigError(f"{path}: [tools]: {exc}") from None
-    try:
-        config.context.model_windows()
-    except ValueError as exc:
-        raise ConfigError(f"{path}: [context.windows]: {exc}") from None
-    try:
-        config.grants()
-    except ValueError as exc:
-        raise ConfigError(f"{path}: [roles]: {exc}") from None
+    checks: dict[str, Callable[[], object]] = {  # what convert cannot check: the values
+        "journal": config.journal.limits,
+        "tools": config.tools.seconds,
+        "context.windows": config.context.model_windows,
+        "roles": config.grants,
+    }
+    for table, check in checks.items():
+        try:
+            check()
+        except ValueError as exc:
+            raise ConfigError(f"{path}: [{table}]: {exc}") from None
     return config
