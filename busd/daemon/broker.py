@@ -89,13 +89,14 @@ class PermissionBroker:
         taken, not refused. :meth:`request` then returns the decision, or
         waits for it.
         """
-        request = envelope.event
+        request, session_id, run_id = envelope.event, envelope.session_id, envelope.run_id
         assert isinstance(request, PermissionRequested)
-        assert envelope.session_id is not None and envelope.run_id is not None
+        assert session_id is not None
+        assert run_id is not None
         request_id = request.request_id
         if request_id in self._pending or request_id in self._resolved:
             return
-        pending = _Pending(request, envelope.session_id, envelope.run_id)
+        pending = _Pending(request, session_id, run_id)
         self._pending[request_id] = pending
         decision = self._decide_by_policy(request, envelope)
         if decision is not None:
