@@ -179,6 +179,30 @@ def test_usage_is_kept_per_agent(env: Stream) -> None:
     assert fill(Accumulator(), main, sub, main2) == [sub, main2]
 
 
+def test_a_later_usage_keeps_the_per_model_breakdown(env: Stream) -> None:
+    """Usage is cumulative and each report carries the whole breakdown (as the
+    adapters send it), so the later report supersedes without losing a model:
+    sonnet 266 -> 412, haiku 3 in both."""
+    haiku = TokenUsage(output_tokens=3)
+    early = Usage(
+        tokens=TokenUsage(output_tokens=269),
+        models={"sonnet": TokenUsage(output_tokens=266), "haiku": haiku},
+    )
+    late = Usage(
+        tokens=TokenUsage(output_tokens=415),
+        models={"sonnet": TokenUsage(output_tokens=412), "haiku": haiku},
+    )
+    a, b = env(early), env(late)
+    (kept,) = fill(Accumulator(), a, b)
+    assert kept is b
+    assert isinstance(kept.event, Usage)
+    assert {m: u.output_tokens for m, u in kept.event.models.items()} == {
+        "sonnet": 412,
+        "haiku": 3,
+    }
+    assert sum(u.output_tokens for u in kept.event.models.values()) == 412 + 3
+
+
 def test_keys_differ_per_identifier(env: Stream) -> None:
     events = [
         env(ToolStart(tool_call_id="t1", name="Bash")),

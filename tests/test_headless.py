@@ -186,6 +186,26 @@ def test_pretty_output_streams_text_and_starts_other_lines_fresh() -> None:
     assert summary_lines(finished)[-1] == "ok · 69 in · 1.4k out · $0.0123"
 
 
+def test_the_summary_has_a_line_per_model_share_when_there_are_several() -> None:
+    """sonnet 412 + haiku 3 = 415 out; $0.030195 + $0.0018767 = $0.0320717."""
+    finished = RunFinished(
+        status="ok",
+        duration_s=0.4,
+        usage=TokenUsage(input_tokens=7, output_tokens=415, cost_usd=0.030195 + 0.0018767),
+        models={
+            "claude-sonnet-4-5": TokenUsage(input_tokens=5, output_tokens=412, cost_usd=0.030195),
+            "claude-haiku-5-5": TokenUsage(input_tokens=2, output_tokens=3, cost_usd=0.0018767),
+        },
+    )
+    assert summary_lines(finished) == [
+        "✻ Worked for 0s · ↓ 415 tokens",
+        "ok · 7 in · 415 out · $0.0321",
+        "claude-sonnet-4-5 412 out · claude-haiku-5-5 3 out",
+    ]
+    one = msgspec.structs.replace(finished, models={"claude-sonnet-4-5": finished.usage})
+    assert len(summary_lines(one)) == 2
+
+
 # -- stand-ins -------------------------------------------------------------------------------
 
 

@@ -120,6 +120,11 @@ class ScriptDriver:
                 await trio.sleep_forever()
             elif prompt == "fail":
                 raise RuntimeError("the agent crashed")
+            elif prompt.startswith("models:"):  # a session total and its breakdown, as given
+                tokens = {m: TokenUsage(output_tokens=int(n)) for m, n in _pairs(prompt[7:])}
+                total = TokenUsage(output_tokens=sum(t.output_tokens for t in tokens.values()))
+                feed(Usage(tokens=total, models=tokens))
+                return
             feed(ToolStart(tool_call_id="t1", name="Read", input={"path": "a"}))
             feed(ToolComplete(tool_call_id="t1", name="Read", status="ok", duration_s=0.5))
             feed(TextDelta(message_id="m1", text=" done."))
@@ -128,6 +133,11 @@ class ScriptDriver:
         except trio.Cancelled:
             self.cancelled += 1
             raise
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    """``a=40,b=2`` -> ``[("a", "40"), ("b", "2")]``."""
+    return [(m, n) for m, _, n in (pair.partition("=") for pair in text.split(","))]
 
 
 class ScriptPlugin:
@@ -214,6 +224,39 @@ async def test_a_run_streams_and_ends_with_its_summary(autojump_clock: trio.abc.
     assert names[0] == "RunStarted"
     assert names[-1] == "RunFinished"
     assert "SessionIdle" in names
+
+
+async def test_a_run_summary_has_its_share_per_model(autojump_clock: trio.abc.Clock) -> None:
+    """Two runs of one session whose usage breaks down by model (running totals).
+
+    Run 1: sonnet 40, haiku 2 (42 output). Run 2 reports sonnet 48, haiku 2
+    (50): its share is sonnet 48 - 40 = 8 and nothing of haiku (left out);
+    the session keeps both totals.
+    """
+    daemon = make_daemon(ScriptDriver())
+    watcher = Watcher(daemon)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        first = daemon.runs.start(
+            adapter="script", prompt="models:sonnet=40,haiku=2", started_by="t"
+        )
+        one = await watcher.finished(first.run_id)
+        session = first.request.session_id
+        second = daemon.runs.start(
+            adapter="script", prompt="models:sonnet=48,haiku=2", started_by="t", session_id=session
+        )
+        two = await watcher.finished(second.run_id)
+        snapshot = daemon.sessions.snapshot(session)
+        nursery.cancel_scope.cancel()
+    assert one.usage.output_tokens == 40 + 2
+    assert {m: u.output_tokens for m, u in one.models.items()} == {"sonnet": 40, "haiku": 2}
+    assert two.usage.output_tokens == (48 + 2) - (40 + 2)  # 8
+    assert {m: u.output_tokens for m, u in two.models.items()} == {"sonnet": 48 - 40}
+    assert snapshot is not None
+    assert {m: u.output_tokens for m, u in snapshot.usage_by_model.items()} == {
+        "sonnet": 48,
+        "haiku": 2,
+    }
 
 
 async def test_a_failing_agent_ends_the_run_with_an_error(autojump_clock: trio.abc.Clock) -> None:

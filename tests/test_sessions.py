@@ -133,6 +133,39 @@ def test_cumulative_usage_takes_the_later_report_and_never_sums_or_goes_down(
     assert state.usage == TokenUsage(input_tokens=600, output_tokens=30)
 
 
+def test_usage_by_model_merges_each_model_like_the_total(
+    registry: SessionRegistry, feed: Feed
+) -> None:
+    """Each model's entry takes the field-wise max, like ``usage``: a late,
+    older report (sonnet 266) never lowers sonnet's 412; a report without a
+    breakdown leaves it as it was."""
+
+    def report(sonnet: int, haiku: int | None) -> Usage:
+        models = {"sonnet": TokenUsage(output_tokens=sonnet)}
+        if haiku is not None:
+            models["haiku"] = TokenUsage(output_tokens=haiku)
+        total = sonnet + (haiku or 0)
+        return Usage(tokens=TokenUsage(output_tokens=total), models=models)
+
+    feed(report(266, None))
+    feed(report(412, 3))
+    feed(report(266, 3))  # late
+    feed(Usage(tokens=TokenUsage(output_tokens=415)))
+    summary = registry.summary("s1")
+    assert summary is not None
+    assert {m: u.output_tokens for m, u in summary.usage_by_model.items()} == {
+        "sonnet": 412,
+        "haiku": 3,
+    }
+    assert summary.usage == TokenUsage(output_tokens=412 + 3)
+    # It travels in the summary and comes back with a restored session.
+    again = SessionRegistry()
+    again.restore(msgspec.json.decode(msgspec.json.encode(summary), type=SessionSummary))
+    restored = again.snapshot("s1")
+    assert restored is not None
+    assert restored.usage_by_model == summary.usage_by_model
+
+
 def test_sub_agent_usage_stats_and_context_do_not_describe_the_session(
     registry: SessionRegistry, feed: Feed
 ) -> None:

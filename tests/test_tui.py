@@ -244,6 +244,20 @@ def test_the_summary_line_carries_the_runs_exact_count() -> None:
     assert text.splitlines()[-1] == "✻ Worked for 18s · ↓ 1.4k tokens · thought for 5s"
 
 
+def test_the_summary_line_names_each_models_share_when_there_are_several() -> None:
+    feed = Feed()
+    feed(RunStarted(adapter="claude-code", prompt="go"))
+    models = {"sonnet": TokenUsage(output_tokens=412), "haiku": TokenUsage(output_tokens=3)}
+    feed(
+        RunFinished(
+            status="ok", duration_s=2.0, usage=TokenUsage(output_tokens=415), models=models
+        ),
+        at=2.0,
+    )
+    text = session_text(feed, 60.0)
+    assert text.splitlines()[-1] == "✻ Worked for 2s · ↓ 415 tokens · sonnet 412 out · haiku 3 out"
+
+
 # -- the screen -----------------------------------------------------------------------
 
 

@@ -42,6 +42,7 @@ from busd.frontends.view import (
     ThinkingBlock,
     ToolBlock,
     Views,
+    models_line,
 )
 
 T0 = 1_700_000_000.0
@@ -193,6 +194,29 @@ def test_status_line_ticks_between_reports_and_stops_when_idle() -> None:
     feed(14, SessionIdle())
     assert view.status_line(T0 + 100) is None
     assert view.summary_line() == "✻ Worked for 13s · ↓ 1.4k tokens · thought for 5s"
+
+
+def test_a_run_on_several_models_shows_each_models_share() -> None:
+    """The subagent-haiku recording's run: sonnet 412 + haiku 3 = 415 output."""
+    models = {
+        "claude-sonnet-4-5": TokenUsage(output_tokens=412, cost_usd=0.030195),
+        "claude-haiku-5-5": TokenUsage(output_tokens=3, cost_usd=0.0018767),
+    }
+    feed = Feed()
+    feed(0, RunStarted(adapter="claude-code"), run_id="r")
+    finished = RunFinished(
+        status="ok", duration_s=0.4, usage=TokenUsage(output_tokens=412 + 3), models=models
+    )
+    feed(1, finished, run_id="r")
+    assert feed.view.summary_line() == (
+        "✻ Worked for 0s · ↓ 415 tokens · claude-sonnet-4-5 412 out · claude-haiku-5-5 3 out"
+    )
+    # One model (or none) adds nothing: the total says it all.
+    assert models_line({"claude-sonnet-4-5": models["claude-sonnet-4-5"]}) is None
+    assert models_line({}) is None
+    assert models_line({"a": TokenUsage(output_tokens=1412), "b": TokenUsage()}) == (
+        "a 1.4k out · b 0 out"
+    )
 
 
 def test_the_finished_runs_exact_usage_wins_over_the_live_estimate() -> None:

@@ -328,10 +328,21 @@ class AgentComplete(Event, frozen=True, tag="stream.agent.complete"):
 
 
 class Usage(Event, frozen=True, tag="stream.usage"):
-    """Cumulative token usage of the envelope's session (and agent) so far."""
+    """Cumulative token usage of the envelope's session (and agent) so far.
+
+    ``tokens`` is the total over every model; ``model`` names the model of
+    the latest call. ``models``, when the source reports per model (Claude
+    Code's ``modelUsage``, ACP's ``_meta.quota.model_usage``), breaks the
+    total down: each entry is that model's running total, keyed by model id.
+    Every report carries the whole breakdown known so far, so the latest
+    report of a session (and agent) supersedes the earlier ones; a model's
+    entry may lag ``tokens`` while a turn is still streaming. Empty when the
+    source does not say.
+    """
 
     tokens: TokenUsage
     model: str | None = None
+    models: dict[str, TokenUsage] = {}
 
 
 # -- stream.permission.* -----------------------------------------------------
@@ -418,11 +429,17 @@ class RunCancelled(Event, frozen=True, tag="busd.run.cancelled"):
 
 
 class RunFinished(Event, frozen=True, tag="busd.run.finished"):
-    """A run ended, with its summary."""
+    """A run ended, with its summary.
+
+    ``usage`` is the run's share of its session's totals; ``models`` is that
+    share per model (what each model's running total gained during the run),
+    when the session's usage reports break down by model.
+    """
 
     status: Literal["ok", "error", "cancelled", "timed_out"]
     duration_s: float
     usage: TokenUsage = TokenUsage()
+    models: dict[str, TokenUsage] = {}
     thinking_s: float = 0.0
     tools: list[ToolMetrics] = []
     context: ContextUsage | None = None

@@ -7,10 +7,10 @@ total is the **sum over models** of each model's highest report
 (field-wise), and a run's is the sum of what each model gained while the
 run was active; :class:`ModelTotals` keeps both, with the breakdown.
 
-``stream.usage`` is a *session* total today (its ``model`` only says which
-model made the latest call), so feeding those reports here would count a
-session twice when it switches models: this is for sources that report per
-model, and for a per-model report on the wire once there is one (see
+``stream.usage`` ``tokens`` is a *session* total (its ``model`` only says
+which model made the latest call), so feeding those totals here would count
+a session twice when it switches models: this is for sources that report per
+model, such as the entries of ``stream.usage`` ``models`` (see
 docs/accounting.md).
 """
 

@@ -81,6 +81,8 @@ SessionStatus: TypeAlias = Literal["active", "idle", "error"]
 _ACTIVE: Final = "active"
 _IDLE: Final = "idle"
 _ERROR: Final = "error"
+MAX_MODELS: Final = 64
+"""Models kept in a session's ``usage_by_model``; reports of more are left out of it."""
 
 
 class SubAgent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -102,7 +104,9 @@ class SessionSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     ``first_ts``/``last_ts`` are the accept times (epoch seconds) of the
     first and last events seen; ``events`` counts every envelope of the
     session, derived ones included. ``usage`` is the main agent's cumulative
-    usage. ``error`` is the message of the error behind ``status="error"``.
+    usage, and ``usage_by_model`` its breakdown per model when the usage
+    reports carry one (each model merged like ``usage``, field-wise max; at
+    most 64 models). ``error`` is the message of the error behind ``status="error"``.
     ``adapter`` is the adapter of its latest run (``busd.run.started``), or
     for an ingested stream the SDK named in its events' source.
     """
@@ -122,6 +126,7 @@ class SessionSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     run_id: str | None = None
     error: str | None = None
     usage: TokenUsage | None = None
+    usage_by_model: dict[str, TokenUsage] = {}
     pending_permissions: int = 0
     running_tools: int = 0
     sub_agents: int = 0
@@ -168,6 +173,7 @@ class SessionState:
         "title",
         "tools",
         "usage",
+        "usage_by_model",
     )
 
     def __init__(self, session_id: str, seq: int, ts: float) -> None:
@@ -186,6 +192,7 @@ class SessionState:
         self.parent_session_id: str | None = None
         self.run_id: str | None = None
         self.usage: TokenUsage | None = None
+        self.usage_by_model: dict[str, TokenUsage] = {}
         self.stats: StreamingStats | None = None
         self.context: ContextUsage | None = None
         self.permissions: dict[str, Envelope[PermissionRequested]] = {}
@@ -212,6 +219,7 @@ class SessionState:
             "run_id": self.run_id,
             "error": self.error,
             "usage": self.usage,
+            "usage_by_model": dict(self.usage_by_model),
             "pending_permissions": len(self.permissions),
             "running_tools": len(self.tools),
             "sub_agents": len(self.agents),
@@ -379,6 +387,13 @@ def _on_usage(state: SessionState, envelope: Envelope[Usage], limit: int) -> Non
     event = envelope.event
     usage = state.usage
     state.usage = event.tokens if usage is None else merge_cumulative(usage, event.tokens)
+    by_model = state.usage_by_model
+    for model, tokens in event.models.items():
+        before = by_model.get(model)
+        if before is not None:
+            by_model[model] = merge_cumulative(before, tokens)
+        elif len(by_model) < MAX_MODELS:
+            by_model[model] = tokens
     if event.model is not None:
         state.model = event.model
 
@@ -550,6 +565,7 @@ class SessionRegistry:
         state.parent_session_id = summary.parent_session_id
         state.run_id = summary.run_id
         state.usage = summary.usage
+        state.usage_by_model = dict(summary.usage_by_model)
         state.stats = stats
         state.context = context
         sessions[summary.session_id] = state

@@ -100,6 +100,7 @@ class RunState:
     cancelled_by: str | None = None
     last_activity: float = 0.0
     usage_before: TokenUsage = field(default_factory=TokenUsage)
+    models_before: dict[str, TokenUsage] = field(default_factory=dict)
     tools: ToolTracker = field(default_factory=ToolTracker)
     sdk_session: str | None = None
     waiting_for_people: int = 0
@@ -251,6 +252,7 @@ class RunManager:
             started_at=now,
             last_activity=now,
             usage_before=(snapshot.usage if snapshot is not None else None) or TokenUsage(),
+            models_before=dict(snapshot.usage_by_model) if snapshot is not None else {},
         )
         self._runs[run_id] = state
         self._active_by_session[session] = run_id
@@ -404,6 +406,9 @@ class RunManager:
                     (snapshot.usage if snapshot is not None else None) or TokenUsage(),
                     state.usage_before,
                 ),
+                models=_per_model(
+                    snapshot.usage_by_model if snapshot is not None else {}, state.models_before
+                ),
                 thinking_s=stats.thinking_s if stats is not None else 0.0,
                 tools=state.tools.metrics(),
                 context=context.snapshot() if context is not None else None,
@@ -430,6 +435,27 @@ class RunManager:
             state.tools.observe(envelope, trio.current_time())
             if type(envelope.event) is SessionError:
                 state.reported_error = True
+
+
+def _per_model(
+    after: dict[str, TokenUsage], before: dict[str, TokenUsage]
+) -> dict[str, TokenUsage]:
+    """This run's share per model: each model's gain; the models that gained nothing left out."""
+    share = {
+        model: _minus(tokens, before.get(model, TokenUsage())) for model, tokens in after.items()
+    }
+    return {model: tokens for model, tokens in share.items() if _gained(tokens)}
+
+
+def _gained(usage: TokenUsage) -> bool:
+    return bool(
+        usage.input_tokens
+        or usage.output_tokens
+        or usage.reasoning_tokens
+        or usage.cache_read_tokens
+        or usage.cache_write_tokens
+        or usage.cost_usd
+    )
 
 
 def _minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:

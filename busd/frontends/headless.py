@@ -52,6 +52,7 @@ from ..core.events import (
 from ..wire.address import EndpointError, resolve_socket_path
 from .humanize import format_duration, format_tokens, format_who, summary_line
 from .local import StartLocal
+from .view import models_line
 
 __all__ = [
     "CLIENT_NAME",
@@ -207,7 +208,11 @@ class RunView:
 
 
 def summary_lines(finished: RunFinished) -> list[str]:
-    """``✻ Worked for 3s · ↓ 112 tokens`` and ``ok · 69 in · 112 out · $0.0012``."""
+    """``✻ Worked for 3s · ↓ 112 tokens`` and ``ok · 69 in · 112 out · $0.0012``.
+
+    A run that used more than one model gets one more line, each model's
+    share: ``claude-sonnet-4-5 412 out · claude-haiku-4-5 3 out``.
+    """
     usage = finished.usage
     stats = StreamingStats(
         elapsed_s=finished.duration_s,
@@ -226,6 +231,9 @@ def summary_lines(finished: RunFinished) -> list[str]:
     if usage.cost_usd is not None:
         parts.append(f"${usage.cost_usd:.4f}")
     lines = [summary_line(stats), " · ".join(parts)]
+    models = models_line(finished.models)
+    if models is not None:
+        lines.append(models)
     if finished.error:
         lines.append(f"error: {finished.error}")
     return lines

@@ -65,6 +65,7 @@ __all__ = [
     "ThinkingBlock",
     "ToolBlock",
     "Views",
+    "models_line",
 ]
 
 OUTPUT_LIMIT = 2000
@@ -74,6 +75,13 @@ OUTPUT_LIMIT = 2000
 EXTRAPOLATE_LIMIT = 1.0
 """Seconds a live figure runs ahead of the last report (the daemon reports 4 times a
 second while a session works; a silent daemon must not let a timer run away)."""
+
+
+def models_line(models: dict[str, TokenUsage]) -> str | None:
+    """``claude-sonnet-4-5 412 out · claude-haiku-4-5 3 out``; ``None`` for one model or none."""
+    if len(models) < 2:
+        return None
+    return " · ".join(f"{name} {format_tokens(u.output_tokens)} out" for name, u in models.items())
 
 
 class _Block(msgspec.Struct, kw_only=True, tag_field="kind"):
@@ -211,19 +219,22 @@ class SessionView(msgspec.Struct, kw_only=True):
         """``✻ Worked for 18s · ↓ 1.4k tokens · thought for 5s`` once the work is done.
 
         A finished run's own summary (the provider's exact output count) wins
-        over the last live report.
+        over the last live report; when the run used more than one model, each
+        model's share follows (``· sonnet 412 out · haiku 3 out``).
         """
         if self.busy:
             return None
         finished = self.finished
         if finished is not None:
-            return summary_line(
+            line = summary_line(
                 StreamingStats(
                     elapsed_s=finished.duration_s,
                     output_tokens=finished.usage.output_tokens,
                     thinking_s=finished.thinking_s,
                 )
             )
+            models = models_line(finished.models)
+            return line if models is None else f"{line} · {models}"
         return summary_line(self.stats) if self.stats is not None else None
 
     def pending_permissions(self) -> list[PermissionBlock]:

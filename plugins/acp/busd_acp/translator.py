@@ -87,7 +87,8 @@ from busd import (
     as_mapping,
 )
 
-from .usage import turn_usage, update_cost
+from .usage import ModelBreakdown, turn_models, turn_usage, update_cost
+from .usage import as_map as _map
 
 __all__ = ["AcpTranslator"]
 
@@ -162,18 +163,6 @@ JsonRpcId = int | str
 def _get(m: Mapping[str, Any], camel: str, snake: str) -> Any:
     value = m.get(camel)
     return m.get(snake) if value is None else value
-
-
-def _map(obj: object) -> Mapping[str, Any] | None:
-    """A nested value as a mapping (dicts as they are, SDK objects dumped), else ``None``."""
-    if isinstance(obj, Mapping):
-        return obj
-    if obj is None or isinstance(obj, str | bytes | int | float | list | tuple):
-        return None
-    try:
-        return as_mapping(obj)
-    except TypeError:
-        return None
 
 
 def _is_id(value: object) -> TypeGuard[JsonRpcId]:
@@ -297,6 +286,7 @@ class _Session:
         "id",
         "idle",
         "model",
+        "models",
         "part",
         "parts_seen",
         "started",
@@ -310,6 +300,7 @@ class _Session:
         self.started = False
         self.idle = False
         self.model: str | None = None
+        self.models = ModelBreakdown()  # per model, from the prompt responses' model_usage
         self.cwd: str | None = None
         self.cost: float | None = None
         self.context: SessionContext | None = None  # the agent's last usage_update
@@ -822,14 +813,18 @@ class AcpTranslator(Translator):
                 self._report_usage(s, total, out)
 
     def _turn_usage(
-        self, s: _Session, turn_id: str | None, tokens: TokenUsage, out: list[Emitted]
+        self,
+        s: _Session,
+        turn_id: str | None,
+        tokens: TokenUsage,
+        models: dict[str, TokenUsage],
+        out: list[Emitted],
     ) -> None:
+        turn_id = turn_id or f"acp-turn-{self._order}"
+        if models:
+            s.models.record(turn_id, models)
         changed = self._ledger.record(
-            session_id=s.id or "",
-            run_id=None,
-            turn_id=turn_id or f"acp-turn-{self._order}",
-            usage=tokens,
-            cumulative=True,
+            session_id=s.id or "", run_id=None, turn_id=turn_id, usage=tokens, cumulative=True
         )
         if changed:
             self._report_usage(s, self._ledger.session_total(s.id or ""), out)
@@ -840,7 +835,8 @@ class AcpTranslator(Translator):
     def _report_usage(self, s: _Session, total: TokenUsage, out: list[Emitted]) -> None:
         if s.cost is not None:
             total = msgspec.structs.replace(total, cost_usd=s.cost)
-        out.append(self.emit(Usage(tokens=total, model=s.model), session_id=s.id))
+        usage = Usage(tokens=total, model=s.model, models=s.models.totals())
+        out.append(self.emit(usage, session_id=s.id))
 
     # -- end of a turn -------------------------------------------------------------
 
@@ -876,7 +872,7 @@ class AcpTranslator(Translator):
                 out.append(self.emit(event, session_id=s.id))
         tokens = turn_usage(result)
         if tokens is not None:
-            self._turn_usage(s, turn_id, tokens, out)
+            self._turn_usage(s, turn_id, tokens, turn_models(result), out)
         out.append(self.emit(TurnEnd(turn_id=turn_id, finish_reason=finish), session_id=s.id))
         if error is not None:
             out.append(self.emit(error, session_id=s.id))

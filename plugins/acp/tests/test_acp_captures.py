@@ -75,6 +75,47 @@ def test_claude_agent_acp_usage_comes_from_the_prompt_response_meta() -> None:
     assert usage.tokens.cost_usd == 0.031764
 
 
+def test_claude_agent_acp_usage_breaks_down_by_model() -> None:
+    """Each ``model_usage`` row names its model: here one, ``claude-opus-5-5``,
+    with calls 1 + 2 + 3 (input 11 + 12 + 13 = 36, output 21 + 22 + 23 = 66,
+    cache writes 1000 + 2000 + 3000 = 6000, reads 0 + 500 + 1000 = 1500). The
+    rows carry no cost (only the session's ``usage_update`` does), so the
+    model's cost is unknown, not 0."""
+    out, _ = feed("acp-claude-agent-acp.jsonl")
+    (usage,) = of(out, Usage)
+    assert list(usage.models) == ["claude-opus-5-5"]
+    opus = usage.models["claude-opus-5-5"]
+    assert (opus.input_tokens, opus.output_tokens) == (11 + 12 + 13, 21 + 22 + 23)
+    assert (opus.cache_write_tokens, opus.cache_read_tokens) == (6000, 0 + 500 + 1000)
+    assert opus.cost_usd is None
+    assert opus.output_tokens == usage.tokens.output_tokens  # one model: all of it
+
+
+def test_model_usage_rows_add_up_per_model_across_turns() -> None:
+    """Constructed from the capture's row shape: turn 1 used two models, turn 2
+    one of them; turn 1 reported twice (the repeat adds nothing). Sonnet:
+    output 40 + 5 = 45; haiku: 3; all models: 48."""
+    from busd_acp.usage import ModelBreakdown, turn_models
+
+    def result(*rows: tuple[str, int]) -> dict[str, Any]:
+        usage = [
+            {"model": m, "token_count": {"inputTokens": 1, "outputTokens": n, "totalTokens": 1 + n}}
+            for m, n in rows
+        ]
+        return {"stopReason": "end_turn", "_meta": {"quota": {"model_usage": usage}}}
+
+    breakdown = ModelBreakdown()
+    breakdown.record("t1", turn_models(result(("sonnet", 40), ("haiku", 3))))
+    breakdown.record("t1", turn_models(result(("sonnet", 40), ("haiku", 3))))
+    breakdown.record("t2", turn_models(result(("sonnet", 5))))
+    totals = breakdown.totals()
+    assert {m: u.output_tokens for m, u in totals.items()} == {"sonnet": 40 + 5, "haiku": 3}
+    assert {m: u.input_tokens for m, u in totals.items()} == {"sonnet": 1 + 1, "haiku": 1}
+    assert sum(u.output_tokens for u in totals.values()) == 48
+    # A row that names no model counts in the total but not in the breakdown.
+    assert turn_models(result(("", 7))) == {}
+
+
 def test_claude_agent_acp_context_is_the_agents_figure_not_the_summed_turn() -> None:
     """The last ``usage_update`` says used 4,036 of 1,000,000: call 3's input
     13 + 3000 + 1000 plus its output 23. The turn's summed usage would put the

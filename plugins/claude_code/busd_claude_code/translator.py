@@ -73,6 +73,7 @@ from busd import (
     ToolComplete,
     ToolStart,
     Translator,
+    Usage,
     UsageLedger,
     as_mapping,
     merge_cumulative,
@@ -81,7 +82,7 @@ from busd import (
 
 from .notices import IGNORED_SYSTEM, TASK_END, hook_notice, rate_limit_warning, result_error
 from .permissions import category, permission_options, resolution
-from .usage import context_window, every_model, held, last_iteration
+from .usage import ByModel, context_window, every_model, held, last_iteration
 
 __all__ = ["TASK_TOOLS", "ClaudeCodeAdapter", "ClaudeCodeTranslator"]
 
@@ -140,6 +141,7 @@ class ClaudeCodeTranslator(Translator):
         super().__init__(session_id=session_id, adapter="claude-code")
         self._remember = remember
         self._ledger = UsageLedger()
+        self._by_model = ByModel()
         self._lanes: dict[_Lane, MessageStream] = {}
         self._sid = session_id
         self._announced: set[str | None] = set()
@@ -262,6 +264,8 @@ class ClaudeCodeTranslator(Translator):
     ) -> None:
         """Emit one lane's events; a tool start is remembered, a Task also starts an agent."""
         emit = self.emit
+        if parent is None:  # the main agent's usage carries the session's breakdown
+            events = self._by_model.stamp(sid, events)
         for event in events:
             out.append(emit(event, session_id=sid, parent_tool_call_id=parent))
             if type(event) is ToolStart:
@@ -531,8 +535,12 @@ class ClaudeCodeTranslator(Translator):
         models = every_model(line)
         if models is not None:
             final = merge_cumulative(final, models)
+        grew = self._by_model.record(sid, line)
         main = self._lane(sid, None)
-        self._deliver(out, main.raise_floor(final), sid, None, now)
+        events = main.raise_floor(final)
+        if grew and not any(type(e) is Usage for e in events):  # same total, new breakdown
+            events.append(Usage(tokens=main.total(), model=main.model))
+        self._deliver(out, events, sid, None, now)
         used = self._context_used(sid, line)
         if used:  # 0: no call reached the model
             window = context_window(line, main.model or self._model)

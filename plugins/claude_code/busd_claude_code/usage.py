@@ -6,6 +6,11 @@ on another model, small-model side calls), each a running total with its
 ``costUSD``; ``total_cost_usd`` is their sum. So the run's totals are the sum
 over ``modelUsage``, and the context window is what the *last* main-model
 call held, never a total.
+
+:class:`ByModel` keeps the per-model breakdown of a session
+(``stream.usage`` ``models``): each model's ``modelUsage`` entry, merged
+with the field-wise max like every running total, stamped on every
+main-agent ``stream.usage`` so the latest report always carries all of it.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ from typing import Any
 
 import msgspec
 
-from busd import TokenUsage, add_usage, normalize_usage
+from busd import Event, TokenUsage, Usage, add_usage, merge_cumulative, normalize_usage
 
-__all__ = ["context_window", "every_model", "held", "last_iteration"]
+__all__ = ["ByModel", "by_model", "context_window", "every_model", "held", "last_iteration"]
+
+MAX_MODELS = 64
+"""Models kept per session in a breakdown; the reports of more are left out of it."""
 
 
 def every_model(line: Mapping[str, Any]) -> TokenUsage | None:
@@ -38,6 +46,58 @@ def every_model(line: Mapping[str, Any]) -> TokenUsage | None:
     if isinstance(cost, int | float) and not isinstance(cost, bool) and 0 <= cost < math.inf:
         total = msgspec.structs.replace(total, cost_usd=float(cost))
     return total
+
+
+def by_model(line: Mapping[str, Any]) -> dict[str, TokenUsage]:
+    """Each ``modelUsage`` entry normalized, its cost its ``costUSD`` (empty without any)."""
+    models = line.get("modelUsage")
+    if not isinstance(models, Mapping):
+        return {}
+    return {
+        name: normalize_usage(entry, provider="bedrock")
+        for name, entry in models.items()
+        if isinstance(name, str) and name and isinstance(entry, Mapping)
+    }
+
+
+class ByModel:
+    """The per-model running totals of each session, from its ``result`` lines."""
+
+    __slots__ = ("_sessions",)
+
+    def __init__(self) -> None:
+        self._sessions: dict[str | None, dict[str, TokenUsage]] = {}
+
+    def record(self, sid: str | None, line: Mapping[str, Any]) -> bool:
+        """Merge a ``result``'s ``modelUsage`` into ``sid``'s; whether anything grew."""
+        found = by_model(line)
+        if not found:
+            return False
+        known = self._sessions.setdefault(sid, {})
+        grew = False
+        for name, usage in found.items():
+            before = known.get(name)
+            if before is None and len(known) >= MAX_MODELS:
+                continue
+            after = usage if before is None else merge_cumulative(before, usage)
+            if after != before:
+                known[name] = after
+                grew = True
+        return grew
+
+    def of(self, sid: str | None) -> dict[str, TokenUsage]:
+        """``sid``'s breakdown so far (a copy; empty when its source never said)."""
+        return dict(self._sessions.get(sid, {}))
+
+    def stamp(self, sid: str | None, events: list[Event]) -> list[Event]:
+        """``events`` with ``sid``'s breakdown on each ``stream.usage``."""
+        known = self._sessions.get(sid)
+        if not known or not any(type(e) is Usage for e in events):
+            return events
+        return [
+            msgspec.structs.replace(e, models=dict(known)) if type(e) is Usage else e
+            for e in events
+        ]
 
 
 def context_window(line: Mapping[str, Any], model: str | None) -> int | None:

@@ -139,6 +139,63 @@ def test_run_totals_cover_every_model(path: Path, at_first: TokenUsage) -> None:
         assert after.cache_write_tokens >= before.cache_write_tokens
 
 
+HAIKU = "claude-haiku-5-5"
+# Per model after the second result (each ``modelUsage`` entry, from the call table):
+SONNET_TOTAL = TokenUsage(
+    input_tokens=3 + 1 + 1,  # 5
+    output_tokens=120 + 146 + 146,  # 412
+    cache_read_tokens=0 + 5_000 + 5_000,  # 10,000
+    cache_write_tokens=5_000 + 300 + 300,  # 5,600
+    cost_usd=0.030195,  # its costUSD
+)
+HAIKU_TOTAL = TokenUsage(
+    input_tokens=2, output_tokens=3, cache_write_tokens=15_000, cost_usd=0.0018767
+)
+
+
+@pytest.mark.parametrize("path", [SNAPSHOTS, PARTIAL, OAUTH], ids=["snapshots", "partial", "oauth"])
+def test_usage_breaks_down_by_model(path: Path) -> None:
+    """``stream.usage`` ``models``: one running total per ``modelUsage`` entry.
+
+    Sonnet 412 + haiku 3 = 415 output, $0.030195 + $0.0018767 = $0.0320717:
+    the breakdown adds up to the all-model total (``SECOND``).
+    """
+    out, _ = run(lines(path))
+    last = main_usage(out)[-1]
+    assert list(last.models) == [MAIN, HAIKU]
+    same(last.models[MAIN], SONNET_TOTAL)
+    same(last.models[HAIKU], HAIKU_TOTAL)
+    assert last.models[MAIN].output_tokens + last.models[HAIKU].output_tokens == 412 + 3 == 415
+    assert last.tokens.output_tokens == 415
+    assert last.tokens.cost_usd == pytest.approx(0.030195 + 0.0018767)  # 0.0320717
+    # Once known, every main-agent report carries the whole breakdown (the latest
+    # stream.usage of a session supersedes the earlier ones when coalesced).
+    usages = main_usage(out)
+    first = next(i for i, u in enumerate(usages) if u.models)
+    assert all(set(u.models) == {MAIN, HAIKU} for u in usages[first:])
+    # Sub-agent lanes report their own totals, without a breakdown.
+    assert all(not e.event.models for e in out if type(e.event) is Usage and e.parent_tool_call_id)
+
+
+def test_the_first_result_breaks_down_too() -> None:
+    """Snapshot-only run, first result: sonnet's main calls 1 and 2 (input 3 + 1 = 4,
+    output 120 + 146 = 266, cache write 5,000 + 300, read 5,000, costUSD 0.025377)
+    beside the haiku sub-agent."""
+    out, _ = run(lines(SNAPSHOTS))
+    first, _second = at_results(out, Usage)
+    same(
+        first.models[MAIN],
+        TokenUsage(
+            input_tokens=4,
+            output_tokens=266,
+            cache_read_tokens=5_000,
+            cache_write_tokens=5_300,
+            cost_usd=0.025377,
+        ),
+    )
+    same(first.models[HAIKU], HAIKU_TOTAL)
+
+
 def test_without_partial_messages_the_context_is_the_last_call_not_the_run() -> None:
     """The snapshot-only run: the only usage is each ``result``'s.
 
