@@ -227,11 +227,11 @@ async def test_a_run_streams_and_ends_with_its_summary(autojump_clock: trio.abc.
 
 
 async def test_a_run_summary_has_its_share_per_model(autojump_clock: trio.abc.Clock) -> None:
-    """Two runs of one session whose usage breaks down by model (running totals).
+    """Two runs of one session whose usage breaks down by model.
 
-    Run 1: sonnet 40, haiku 2 (42 output). Run 2 reports sonnet 48, haiku 2
-    (50): its share is sonnet 48 - 40 = 8 and nothing of haiku (left out);
-    the session keeps both totals.
+    Run 1: sonnet 40, haiku 2 (42 output). Run 2's SDK counts from zero and
+    reports sonnet 8: the session's totals become sonnet 48, haiku 2 (50),
+    and run 2's share is sonnet 8 and nothing of haiku (left out).
     """
     daemon = make_daemon(ScriptDriver())
     watcher = Watcher(daemon)
@@ -243,15 +243,15 @@ async def test_a_run_summary_has_its_share_per_model(autojump_clock: trio.abc.Cl
         one = await watcher.finished(first.run_id)
         session = first.request.session_id
         second = daemon.runs.start(
-            adapter="script", prompt="models:sonnet=48,haiku=2", started_by="t", session_id=session
+            adapter="script", prompt="models:sonnet=8", started_by="t", session_id=session
         )
         two = await watcher.finished(second.run_id)
         snapshot = daemon.sessions.snapshot(session)
         nursery.cancel_scope.cancel()
     assert one.usage.output_tokens == 40 + 2
     assert {m: u.output_tokens for m, u in one.models.items()} == {"sonnet": 40, "haiku": 2}
-    assert two.usage.output_tokens == (48 + 2) - (40 + 2)  # 8
-    assert {m: u.output_tokens for m, u in two.models.items()} == {"sonnet": 48 - 40}
+    assert two.usage.output_tokens == 8
+    assert {m: u.output_tokens for m, u in two.models.items()} == {"sonnet": 8}
     assert snapshot is not None
     assert {m: u.output_tokens for m, u in snapshot.usage_by_model.items()} == {
         "sonnet": 48,
@@ -542,3 +542,32 @@ async def test_a_second_answer_from_the_same_client_is_already_resolved(sock_pat
     assert [d.outcome for d in driver.decisions] == [outcome]
     resolved = [e.event for e in watcher.seen if isinstance(e.event, PermissionResolved)]
     assert [r.outcome for r in resolved] == [outcome]
+
+
+async def test_a_continued_session_adds_up_its_runs(autojump_clock: trio.abc.Clock) -> None:
+    """Each run's SDK counts from zero; the session's running total goes on (issue 17, bug 1).
+
+    ScriptDriver reports 10 in / 42 out for each run: three runs are 30 / 126,
+    each run's summary its own 10 / 42, and the context sees three calls.
+    """
+    driver = ScriptDriver()
+    daemon = make_daemon(driver)
+    watcher = Watcher(daemon)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        first = daemon.runs.start(adapter="script", prompt="ok", started_by="a")
+        session = first.request.session_id
+        summaries = [await watcher.finished(first.run_id)]
+        for _ in range(2):
+            run = daemon.runs.start(
+                adapter="script", prompt="ok", started_by="a", session_id=session
+            )
+            summaries.append(await watcher.finished(run.run_id))
+        nursery.cancel_scope.cancel()
+    assert [(s.usage.input_tokens, s.usage.output_tokens) for s in summaries] == [(10, 42)] * 3
+    snapshot = daemon.sessions.snapshot(session)
+    assert snapshot is not None
+    assert snapshot.usage is not None
+    assert (snapshot.usage.input_tokens, snapshot.usage.output_tokens) == (30, 126)
+    reported = [e.event.tokens.output_tokens for e in watcher.seen if isinstance(e.event, Usage)]
+    assert reported == [42, 84, 126]  # stream.usage stays the session's running total

@@ -37,8 +37,10 @@ from ..core.events import (
     RunStarted,
     SessionError,
     TokenUsage,
+    Usage,
 )
 from ..core.toolmetrics import ToolTracker
+from ..core.usage import add_usage
 from ..plugins.adapters import Adapter, Emitted, Translator
 from ..plugins.drivers import Driver, PermissionDecision, RunRequest
 from ..plugins.host import PluginHost
@@ -374,6 +376,8 @@ class RunManager:
                 if type(event) is PermissionResolved and self.broker.is_resolved(request_id):
                     continue  # the broker already published who decided
                 event = msgspec.structs.replace(event, request_id=request_id)
+            elif type(event) is Usage and item.agent_id is None:
+                event = _continued(event, state)
             envelope = self.daemon.publish_emitted(
                 msgspec.structs.replace(item, event=event, session_id=state.request.session_id),
                 source=source,
@@ -455,6 +459,26 @@ def _gained(usage: TokenUsage) -> bool:
         or usage.cache_read_tokens
         or usage.cache_write_tokens
         or usage.cost_usd
+    )
+
+
+def _continued(usage: Usage, state: RunState) -> Usage:
+    """The session's running total: what the session had before this run, plus the run's.
+
+    Every run starts a new translator (and often a new SDK process), which
+    counts from zero; ``stream.usage`` is the session's total, so a continued
+    session's second run must not read as less than its first.
+    """
+    if state.usage_before == TokenUsage() and not state.models_before:
+        return usage
+    models = {
+        model: add_usage(state.models_before.get(model, TokenUsage()), tokens)
+        for model, tokens in usage.models.items()
+    }
+    for model, before in state.models_before.items():
+        models.setdefault(model, before)
+    return msgspec.structs.replace(
+        usage, tokens=add_usage(state.usage_before, usage.tokens), models=models
     )
 
 
