@@ -100,12 +100,24 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+_INTERRUPTED: Final = ("[ede_diagnostic]", "Error: Request was aborted", "Request was aborted")
+"""How the CLI's errors of an interrupted turn start: its diagnostics, not a failure."""
+
+
 def result_error(line: Mapping[str, Any], subtype: str) -> SessionError | None:
-    """The error a ``result`` reports, if any (an interrupt alone is none)."""
+    """The error a ``result`` reports, if any (an interrupt alone is none).
+
+    An interrupt ends the turn ``error_during_execution`` and lists the
+    CLI's own diagnostics (``[ede_diagnostic] result_type=user ...``,
+    ``Error: Request was aborted.``): they say it was cancelled, which the
+    idle says too. Anything else listed is an error.
+    """
     errors = line.get("errors")
-    listed = "\n".join(e for e in errors if isinstance(e, str)) if isinstance(errors, list) else ""
+    entries = [e for e in errors if isinstance(e, str)] if isinstance(errors, list) else []
+    listed = "\n".join(entries)
     if subtype == "error_during_execution":
-        return SessionError(message=listed, code=subtype) if listed else None
+        kept = [e for e in entries if e.strip() and not e.lstrip().startswith(_INTERRUPTED)]
+        return SessionError(message="\n".join(kept), code=subtype) if kept else None
     if subtype.startswith("error") or line.get("is_error") is True:
         message = listed or _text(line.get("result")) or subtype or "error"
         code = subtype if subtype and subtype != "success" else None

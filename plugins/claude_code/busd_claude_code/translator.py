@@ -43,7 +43,8 @@ Decisions a consumer should know:
   cancelled. Other error results (``error_max_turns``,
   ``error_max_budget_usd``, an API error under ``is_error``) ended the turn
   on the agent's own terms: a ``stream.session.error`` and a plain idle. An
-  interrupt is not an error unless Claude Code lists ``errors``.
+  interrupt is not an error unless Claude Code lists ``errors`` besides its
+  interrupt diagnostics (``[ede_diagnostic] ...``, "Request was aborted").
 - **End of the stream.** Without a final ``result`` the CLI stopped
   mid-turn: :meth:`~busd.Translator.finish` settles what is open,
   cancels running tools and pending permissions, and says idle, aborted.

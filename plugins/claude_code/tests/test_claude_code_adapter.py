@@ -390,6 +390,28 @@ def test_an_interrupted_turn_is_idle_aborted_with_its_work_cancelled() -> None:
     assert of(cut, SessionIdle) == [SessionIdle(aborted=True)]
 
 
+@pytest.mark.parametrize(
+    "errors",
+    [  # what the CLI lists on an interrupt (shapes seen in public clients' tests)
+        ["[ede_diagnostic] result_type=user", "Error: Request was aborted."],
+        ["[ede_diagnostic] result_type=user last_content_type=n/a stop_reason=tool_use"],
+    ],
+)
+def test_the_cli_s_interrupt_diagnostics_are_no_error(errors: list[str]) -> None:
+    """A cancel is not shown as an error (issue 17): the diagnostics alone are no failure."""
+    raw = fixture()
+    at = next(i for i, line in enumerate(raw) if line["type"] == "control_request")
+    interrupted = copy.deepcopy(raw[-1])
+    interrupted.update(subtype="error_during_execution", is_error=True, errors=errors)
+    out = run([*raw[: at + 1], interrupted])
+    assert of(out, SessionError) == []
+    assert events(out)[-1] == SessionIdle(aborted=True)
+    real = [*errors, "API Error: 529 overloaded"]  # a real failure among them still is one
+    interrupted.update(errors=real)
+    (error,) = of(run([*raw[: at + 1], interrupted]), SessionError)
+    assert error.message == "API Error: 529 overloaded"
+
+
 def test_an_error_result_reports_the_error_then_goes_idle() -> None:
     out = run([init(), assistant([{"type": "text", "text": "x"}]), result("error_max_turns")])
     assert of(out, SessionError) == [
