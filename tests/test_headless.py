@@ -28,7 +28,7 @@ import msgspec
 import pytest
 import trio
 
-from busd.client import connect
+from busd.client import RequestFailed, connect
 from busd.core.catalog import Catalog
 from busd.core.events import (
     Envelope,
@@ -48,9 +48,11 @@ from busd.frontends.headless import (
     EXIT_CANCELLED,
     EXIT_OK,
     EXIT_TIMED_OUT,
+    HeadlessRun,
     PrettyPrinter,
     RunView,
     ToolRules,
+    _Follower,
     exit_code,
     parse_option,
     reply_for,
@@ -553,3 +555,19 @@ async def test_the_ci_example_runs_locally_against_a_stand_in(place: Place) -> N
     assert re.fullmatch(r"busd-run\[pid=\d+,uid=\d+\]", resolved.by or ""), resolved.by
     [started] = [json.loads(line) for line in record.read_text().splitlines()[:1]]
     assert started["cwd"] == str(place.root)  # --cwd defaults to where busd run was started
+
+
+async def test_busd_run_says_when_its_answer_was_refused() -> None:
+    """An answer that fails is said on stderr (it was dropped: the run then waited for ever)."""
+
+    class Refusing:
+        async def reply_permission(self, request_id: str, **_: object) -> None:
+            raise RequestFailed("unknown_request", f"no pending permission {request_id!r}")
+
+    errors: list[str] = []
+    spec = HeadlessRun(adapter="claude-code", prompt="p", rules=ToolRules(allow=("Write",)))
+    client: Any = Refusing()
+    follower = _Follower(client, spec, out=lambda _: None, err=errors.append, pretty=False)
+    await follower._answer(PermissionRequested(request_id="run-1/p", tool="Write"))
+    said = "unknown_request: no pending permission 'run-1/p'"
+    assert errors == [f"busd: could not answer run-1/p: {said}\n"]

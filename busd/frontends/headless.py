@@ -525,8 +525,8 @@ class _Follower:
             await self.client.reply_permission(
                 request.request_id, option_id=option_id, allow=allow, reason=verdict.reason
             )
-        except RequestFailed as exc:
-            if exc.code not in ("already_resolved", "unknown_request"):
+        except RequestFailed as exc:  # another answer won: normal; anything else is said
+            if exc.code != "already_resolved":
                 self.err(f"busd: could not answer {request.request_id}: {exc}\n")
         except ConnectionLost:
             pass
