@@ -376,7 +376,7 @@ class RunManager:
                 if type(event) is PermissionResolved and self.broker.is_resolved(request_id):
                     continue  # the broker already published who decided
                 event = msgspec.structs.replace(event, request_id=request_id)
-            elif type(event) is Usage and item.agent_id is None:
+            elif type(event) is Usage and not (item.agent_id or state.translator.usage_spans_runs):
                 event = _continued(event, state)
             envelope = self.daemon.publish_emitted(
                 msgspec.structs.replace(item, event=event, session_id=state.request.session_id),

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
@@ -66,6 +66,11 @@ class Translator(ABC):
     Subclasses implement :meth:`translate` (and usually :meth:`close`); callers
     use :meth:`feed` and :meth:`finish`, which never raise.
     """
+
+    usage_spans_runs: ClassVar[bool] = False
+    """Whether the SDK's running totals already include the earlier runs of a
+    resumed session (Claude Code restores them on ``--resume``). When not, the
+    daemon adds what a continued session had before the run (docs/runs.md)."""
 
     def __init__(self, *, session_id: str | None = None, adapter: str = "") -> None:
         self.session_id = session_id

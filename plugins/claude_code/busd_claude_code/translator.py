@@ -138,6 +138,8 @@ class ClaudeCodeTranslator(Translator):
     completed tool calls, answered permission requests).
     """
 
+    usage_spans_runs = True  # a resumed CLI restores modelUsage and total_cost_usd
+
     def __init__(self, *, session_id: str | None = None, remember: int = 4096) -> None:
         super().__init__(session_id=session_id, adapter="claude-code")
         self._remember = remember
