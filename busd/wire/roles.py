@@ -19,6 +19,7 @@ terminal and web frontends start, cancel and answer; an agent publishes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Final, Literal, get_args
 
 from .frames import BAD_HANDSHAKE, FORBIDDEN, Frame, Ingest, Publish, Request, Role
@@ -28,7 +29,6 @@ __all__ = [
     "RIGHTS",
     "ROLES",
     "Right",
-    "Role",
     "identity",
     "name_refusal",
     "narrow",
@@ -40,13 +40,15 @@ Right = Literal["publish", "start_run", "cancel_run", "permission_reply"]
 ROLES: Final[tuple[Role, ...]] = get_args(Role)
 RIGHTS: Final[tuple[Right, ...]] = get_args(Right)
 
-DEFAULT_GRANTS: Final[Mapping[Role, frozenset[Right]]] = {
-    "observer": frozenset(),
-    "frontend": frozenset({"start_run", "cancel_run", "permission_reply"}),
-    "responder": frozenset({"permission_reply"}),
-    "agent": frozenset({"publish"}),
-    "admin": frozenset(RIGHTS),
-}
+DEFAULT_GRANTS: Final[Mapping[Role, frozenset[Right]]] = MappingProxyType(
+    {
+        "observer": frozenset(),
+        "frontend": frozenset({"start_run", "cancel_run", "permission_reply"}),
+        "responder": frozenset({"permission_reply"}),
+        "agent": frozenset({"publish"}),
+        "admin": frozenset(RIGHTS),
+    }
+)
 
 _COMMAND_RIGHTS: Final[Mapping[str, Right]] = {
     "start_run": "start_run",
