@@ -26,6 +26,7 @@ from .results import RESULTS
 __all__ = ["protocol_schema"]
 
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
+_REF = "#/$defs/"
 
 
 def protocol_schema(catalog: Catalog | None = None) -> dict[str, Any]:
@@ -43,20 +44,12 @@ def protocol_schema(catalog: Catalog | None = None) -> dict[str, Any]:
         **{f"Result.{cmd}": kind for cmd, kind in RESULTS.items()},
     }
     schemas, defs = msgspec.json.schema_components(
-        entry_points.values(), ref_template="#/$defs/{name}"
+        entry_points.values(), ref_template=_REF + "{name}"
     )
     renamed = _short_names(defs)
-    text = msgspec.json.encode(defs).decode()
-    for long, short in renamed.items():
-        text = text.replace(f'"#/$defs/{long}"', f'"#/$defs/{short}"')
-    defs = {renamed.get(k, k): v for k, v in msgspec.json.decode(text).items()}
+    named = {renamed.get(name, name): schema for name, schema in defs.items()}
     for name, schema in zip(entry_points, schemas, strict=True):
-        if name in defs:  # a Struct (Envelope, Outgoing): its definition is the entry point
-            continue
-        encoded = msgspec.json.encode(schema).decode()
-        for long, short in renamed.items():
-            encoded = encoded.replace(f'"#/$defs/{long}"', f'"#/$defs/{short}"')
-        defs[name] = msgspec.json.decode(encoded)
+        named.setdefault(name, schema)  # a Struct (Envelope, Outgoing) is its own entry point
     return {
         "$schema": _DIALECT,
         "$comment": "Tagged unions are oneOf with an OpenAPI-style discriminator (ajv: "
@@ -65,21 +58,27 @@ def protocol_schema(catalog: Catalog | None = None) -> dict[str, Any]:
         "description": "Frames, request results and events of busd's Unix-socket protocol "
         "(docs/protocol.md). Entry points: $defs/ClientFrame, $defs/ServerFrame, "
         "$defs/Envelope, $defs/Event, $defs/Result.<cmd>.",
-        "$defs": _one_of(dict(sorted(defs.items()))),
+        "$defs": _tidy(dict(sorted(named.items())), renamed),
     }
 
 
-def _one_of(node: Any) -> Any:
-    """msgspec writes a tagged union as ``anyOf`` + ``discriminator``; its branches exclude
-    each other, and validators that use the discriminator (ajv) want ``oneOf``."""
+def _tidy(node: Any, renamed: dict[str, str]) -> Any:
+    """References to renamed definitions follow them; tagged unions become ``oneOf``.
+
+    msgspec writes a tagged union as ``anyOf`` + ``discriminator``; its
+    branches exclude each other, and validators that use the discriminator
+    (ajv) want ``oneOf``.
+    """
     if isinstance(node, dict):
-        node = {k: _one_of(v) for k, v in node.items()}
+        node = {key: _tidy(value, renamed) for key, value in node.items()}
         if "discriminator" in node and "anyOf" in node:
             node["oneOf"] = node.pop("anyOf")
             node.setdefault("type", "object")
         return node
-    if isinstance(node, list):
-        return [_one_of(item) for item in node]
+    if isinstance(node, list | tuple):  # a default such as ("*",): JSON has lists only
+        return [_tidy(item, renamed) for item in node]
+    if isinstance(node, str) and node.startswith(_REF):
+        return _REF + renamed.get(node.removeprefix(_REF), node.removeprefix(_REF))
     return node
 
 
