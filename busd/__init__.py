@@ -98,6 +98,9 @@ from .plugins.adapters import Emitted as Emitted
 from .plugins.adapters import Translator as Translator
 from .plugins.adapters import TranslatorStatistics as TranslatorStatistics
 from .plugins.adapters import as_mapping as as_mapping
+from .plugins.attachers import Attacher as Attacher
+from .plugins.attachers import AttachOptions as AttachOptions
+from .plugins.attachers import Sink as Sink
 from .plugins.drivers import Driver as Driver
 from .plugins.drivers import RunContext as RunContext
 from .plugins.drivers import RunRequest as RunRequest
@@ -142,6 +145,8 @@ __all__ = [
     "add_usage",
     "AlreadyRunning",
     "as_mapping",
+    "Attacher",
+    "AttachOptions",
     "Batch",
     "BatchDispatcher",
     "build_transcript",
@@ -224,6 +229,7 @@ __all__ = [
     "ServerFrameDecoder",
     "ServerHandshake",
     "Service",
+    "Sink",
     "SessionRecord",
     "SessionRegistry",
     "SessionSnapshot",

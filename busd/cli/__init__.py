@@ -8,6 +8,7 @@ The ``main`` group is here; its commands are in one module per kind:
 - ``sessions``, ``export``: the journal (:mod:`.history`);
 - ``journal check``, ``journal recover``: a damaged journal (:mod:`.journal`);
 - ``run``: a headless agent run (:mod:`.run`);
+- ``attach``: follow an agent busd did not start (:mod:`.attach`);
 - ``catalog``, ``status``, ``plugins``: what busd knows and runs (:mod:`.info`).
 
 What they share (``--socket``, failing with a message, running a client) is in
@@ -19,7 +20,7 @@ from __future__ import annotations
 import click
 
 from .._version import __version__
-from . import frontends, history, info, journal, run, serve, stream
+from . import attach, frontends, history, info, journal, run, serve, stream
 
 __all__ = ["main"]
 
@@ -30,6 +31,7 @@ def main() -> None:
     """busd: one ordered, typed, coalesced event stream for AI coding agents."""
 
 
+main.add_command(attach.attach)
 main.add_command(info.catalog)
 main.add_command(info.schema)
 main.add_command(frontends.demo)

@@ -79,12 +79,13 @@ def status(socket_path: Path | None, as_json: bool) -> None:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="As JSON.")
 def plugins(as_json: bool) -> None:
-    """List the plugins busd loads (its own and group `busd`), hooks, adapters, drivers."""
+    """List the plugins busd loads (its own and group `busd`) and what they provide."""
     manager = PluginManager()
     manager.load_entry_points()
     infos = manager.plugins()
     adapters = manager.adapters()
     drivers = manager.drivers()
+    attachers = manager.attachers()
     if as_json:
         click.echo(
             msgspec.json.encode(
@@ -92,6 +93,7 @@ def plugins(as_json: bool) -> None:
                     "plugins": infos,
                     "adapters": sorted(adapters),
                     "drivers": sorted(drivers),
+                    "attachers": sorted(attachers),
                     "failures": manager.failures,
                     "autoload_disabled": manager.autoload_disabled,
                     "blocked": sorted(manager.blocked),
@@ -108,5 +110,7 @@ def plugins(as_json: bool) -> None:
         click.echo(f"adapters: {', '.join(sorted(adapters))}")
     if drivers:
         click.echo(f"drivers:  {', '.join(sorted(drivers))}")
+    if attachers:
+        click.echo(f"attachers: {', '.join(sorted(attachers))}")
     for failure in manager.failures:
         click.echo(f"FAILED {failure.plugin}: {failure.hook}: {failure.error}", err=True)

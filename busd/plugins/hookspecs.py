@@ -21,6 +21,7 @@ import pluggy
 
 from ..core.events import Envelope, Event, PermissionRequested
 from .adapters import Adapter
+from .attachers import Attacher
 from .drivers import Driver
 from .host import PluginHost
 
@@ -28,6 +29,7 @@ __all__ = [
     "PROJECT",
     "Service",
     "busd_adapters",
+    "busd_attachers",
     "busd_coalescing_key",
     "busd_drivers",
     "busd_event_types",
@@ -88,6 +90,20 @@ def busd_drivers() -> Sequence[Driver]:
     plugins offer the same name, the one registered first wins.
 
     :return: the drivers.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def busd_attachers() -> Sequence[Attacher]:
+    """Attachers that follow agents busd did not start (``busd attach NAME``).
+
+    An attacher runs in the ``busd attach`` process, reads an agent's own
+    traces (transcript files, a server's event stream) and sends them to the
+    daemon's adapters as ``ingest`` frames; see :mod:`busd.plugins.attachers`.
+    When two plugins offer the same name, the one registered first wins.
+
+    :return: the attachers.
     """
     raise NotImplementedError
 
