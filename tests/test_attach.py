@@ -1,0 +1,135 @@
+"""``busd attach``: the sink an attacher sends through, over a real socket to a real daemon.
+
+The attachers themselves (Claude Code transcripts, OpenCode's server) are
+tested in their plugins against the real programs; this is what they share:
+framing under the daemon's cap, skipping what cannot be sent, checkpoints,
+and the command's own errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from click.testing import CliRunner
+
+from busd import AttachOptions, Sink
+from busd.cli import main as cli
+from busd.cli.attach import ClientSink, _attach_once
+from busd.client import connect
+from busd.core.events import TextComplete, TurnEnd
+from busd.daemon.hub import DaemonConfig
+from busd.plugins.manager import PluginManager
+
+from .daemon_helpers import running_daemon
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sdk"
+
+
+def _anthropic_stream() -> list[Any]:
+    lines = (FIXTURES / "anthropic.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _plugins() -> PluginManager:
+    plugins = PluginManager()
+    plugins.load_entry_points()
+    return plugins
+
+
+class Recorded:
+    """An attacher that sends one recorded stream per session, in pieces, and checkpoints."""
+
+    name = "recorded"
+    description = "a recorded Anthropic stream per session (test)"
+
+    def __init__(self, sessions: Sequence[str], *, extra: Sequence[object] = ()) -> None:
+        self.sessions = sessions
+        self.extra = extra
+        self.checkpoints: list[bool] = []
+
+    async def attach(self, sink: Sink, options: AttachOptions) -> None:
+        stream = _anthropic_stream()
+        for session in self.sessions:
+            await sink.ingest("anthropic", session, [*self.extra, *stream[:5]])
+            await sink.ingest("anthropic", session, stream[5:], end=True)
+        self.checkpoints.append(await sink.checkpoint())
+        sink.note("sent everything")
+
+
+async def test_an_attacher_publishes_translated_sessions_and_a_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bus.sock"
+    attacher = Recorded(["s-one", "s-two"])
+    async with running_daemon(path, plugins=_plugins()), connect(path, client="watcher") as watcher:
+        async with watcher.subscribe(["stream.turn.end"], window_ms=0) as sub:
+            options = AttachOptions(state_dir=tmp_path, once=True)
+            assert await _attach_once(path, attacher, options) == 0
+            ends: list[str | None] = []
+            with trio.fail_after(5):
+                async for batch in sub:
+                    for envelope in batch.events:
+                        assert isinstance(envelope.event, TurnEnd)
+                        ends.append(envelope.session_id)
+                    if len(ends) == 2:
+                        break
+    assert sorted(s or "" for s in ends) == ["s-one", "s-two"]
+    assert attacher.checkpoints == [False]  # the test daemon keeps no journal
+    err = capsys.readouterr().err
+    assert "busd: sent everything" in err
+    total = 2 * len(_anthropic_stream())
+    assert f"attach recorded done: {total} payload(s) from 2 session(s)" in err
+    assert "(the daemon keeps no journal: not durable)" in err
+
+
+async def test_the_sink_splits_frames_under_the_cap_and_skips_what_cannot_be_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bus.sock"
+    config = DaemonConfig(max_frame=64 << 10)
+    big = {"type": "ping", "padding": "x" * (40 << 10)}  # fits, but not two to a frame
+    huge = {"type": "ping", "padding": "x" * (80 << 10)}  # over the cap: skipped
+    async with (
+        running_daemon(path, config, plugins=_plugins()),
+        connect(path, role="agent") as client,
+    ):
+        sink = ClientSink(client, max_frame=client.limits.max_frame)
+        stream = _anthropic_stream()
+        async with client.subscribe(["stream.text.complete"], window_ms=0) as sub:
+            await sink.ingest("anthropic", "s", [big, big, huge, object(), *stream], end=True)
+            assert await sink.checkpoint() is False
+            with trio.fail_after(5):
+                batch = await sub.__anext__()
+            assert [type(e.event) for e in batch.events] == [TextComplete]
+        assert client.errors == []  # the daemon refused nothing: no frame was over its cap
+    assert sink.skipped == 2
+    assert sink.events == 2 + len(stream)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("busd: anthropic: skipped a payload of ")
+    assert err[0].endswith("bytes, over the daemon's frame cap")
+    assert err[1].startswith("busd: anthropic: skipped a payload that is not JSON-like")
+
+
+def test_an_unknown_attacher_is_a_one_line_error() -> None:
+    result = CliRunner().invoke(cli, ["attach", "no-such-agent"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("busd: no attacher 'no-such-agent' is installed (installed: ")
+    assert "Traceback" not in result.output
+
+
+def test_an_unusable_state_dir_is_a_one_line_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    installed = sorted(_plugins().attachers())
+    if not installed:
+        pytest.skip("no attacher plugin is installed")
+    result = CliRunner().invoke(
+        cli, ["attach", installed[0], "--once", "--state-dir", str(blocker / "state")]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"busd: cannot use {blocker / 'state'} for resume points: ")
