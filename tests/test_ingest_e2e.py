@@ -10,7 +10,10 @@ both folds must be equal and carry the fixture's exact numbers.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +23,8 @@ from typing import Any
 
 import pytest
 import trio
+
+from busd.client import connect
 
 from .daemon_helpers import serving
 
@@ -253,7 +258,9 @@ async def test_unknown_sdk_is_refused_with_the_loaded_adapters(sock_path: Path) 
 
 async def test_malformed_lines_are_counted_and_the_stream_goes_on(sock_path: Path) -> None:
     lines = (FIXTURES / "anthropic-text.recorded.jsonl").read_bytes().splitlines()
-    broken = b"\n".join([lines[0], b"{not json", b'{"type": "mystery"}', *lines[1:]]) + b"\n"
+    huge = b'{"type": "ping", "pad": "' + b"x" * (3 << 20) + b'"}'  # over the 1 MiB frame cap
+    not_objects = [b"[1, 2, 3]", b"42", b'"str"']
+    broken = [lines[0], b"{not json", b'{"type": "mystery"}', huge, *not_objects, *lines[1:]]
     async with serving(sock_path):
         result = await trio.run_process(
             [
@@ -267,13 +274,21 @@ async def test_malformed_lines_are_counted_and_the_stream_goes_on(sock_path: Pat
                 "s1",
                 "-",
             ],
-            stdin=broken,
+            stdin=b"\n".join(broken) + b"\n",
             capture_stderr=True,
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        assert b"line 2: not JSON" in result.stderr
-        assert b"1 malformed line(s) skipped" in result.stderr
+        said = result.stderr.decode().splitlines()
+        assert said[0].startswith("busd: line 2: not JSON (")
+        assert said[1:5] == [
+            f"busd: line 4: {len(huge) + 1} bytes, over the daemon's frame cap of 1048576; skipped",
+            "busd: line 5: not a JSON object (an array); skipped",
+            "busd: line 6: not a JSON object (a number); skipped",
+            "busd: line 7: not a JSON object (a string); skipped",
+        ]
+        # the unknown {"type": "mystery"} is the adapter's to judge (it logs it), not the CLI's
+        assert said[5] == f"busd: ingested {len(lines) + 1} anthropic event(s), 5 line(s) skipped"
         tail = await trio.run_process(
             [
                 *BUSD,
@@ -295,3 +310,33 @@ async def test_malformed_lines_are_counted_and_the_stream_goes_on(sock_path: Pat
     assert tail.returncode == 0
     shown = fold([json.loads(line) for line in tail.stdout.splitlines()])
     assert shown.usage["output_tokens"] == 30
+
+
+async def test_ctrl_c_stops_reading_a_terminal_and_sends_what_was_read(sock_path: Path) -> None:
+    lines = (FIXTURES / "anthropic-text.recorded.jsonl").read_bytes().splitlines()
+    controller, terminal = os.openpty()  # stdin is a terminal, as when a person types
+    try:
+        async with serving(sock_path):
+            process = await trio.lowlevel.open_process(
+                [*BUSD, "ingest", "--socket", str(sock_path), "--sdk", "anthropic"],
+                stdin=terminal,
+                stderr=subprocess.PIPE,
+            )
+            assert process.stderr is not None
+            os.write(controller, lines[0] + b"\n")
+            async with (
+                connect(sock_path, client="watcher") as watcher,
+                watcher.subscribe(["stream.>"], window_ms=0) as sub,
+            ):
+                with trio.fail_after(20):  # the first line is translated: the CLI has read it
+                    await sub.__anext__()
+            process.send_signal(signal.SIGINT)
+            with trio.fail_after(20):
+                code = await process.wait()
+            said = (await process.stderr.receive_some(65536)).decode()
+            await process.stderr.aclose()
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert code == 0, said
+    assert "busd: ingested 1 anthropic event(s)" in said

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,8 +21,9 @@ from ..core.catalog import Catalog
 from ..core.errors import BusdError
 from ..core.events import Envelope, Event, event_type
 from ..core.patterns import Pattern, is_pattern
-from ..wire.frames import Ingest, Status
+from ..wire.frames import Status
 from ._common import fail, resolve_socket, run_client, socket_option
+from .attach import ClientSink
 
 
 def _summary(event: Event) -> str:
@@ -204,56 +207,156 @@ def _say_durable(acked: Acked, what: str) -> None:
 def ingest(
     socket_path: Path | None, sdk: str, source: Any, session: str | None, follow: bool
 ) -> None:
-    """Feed raw SDK events (JSON Lines, from SOURCE or stdin) through an adapter in the daemon."""
+    """Feed raw SDK events (JSON Lines, from SOURCE or stdin) through an adapter in the daemon.
+
+    Each line is one JSON object; other lines are skipped with a message, and
+    the rest is ingested. From a terminal each line is sent as it is typed;
+    Ctrl-C (or Ctrl-D) stops reading and sends what was read.
+    """
     path = resolve_socket(socket_path)
     decoder = msgspec.json.Decoder()
 
     async def run() -> int:
-        sent = malformed = 0
+        skipped = 0
         async with busd_connect(path, client="busd-ingest", role="agent") as client:
             status = await client.request(Status())
             if sdk not in status["adapters"]:
                 loaded = ", ".join(status["adapters"]) or "none"
                 fail(f"the daemon has no adapter {sdk!r} (loaded: {loaded})", 2)
+            sink = ClientSink(client, max_frame=client.limits.max_frame)
+            lines = _Lines(source.fileno(), limit=client.limits.max_frame)
+            interactive = source.isatty()  # a person types: each line goes at once
             batch: list[Any] = []
             size = 0
-            line_number = 0
-            while True:
-                line = await trio.to_thread.run_sync(source.readline)
-                if not line:
-                    if not follow:
-                        break
-                    if batch:  # nothing new yet: send what we have, then wait
-                        await client.send_frame(Ingest(sdk=sdk, events=batch, session_id=session))
-                        sent += len(batch)
-                        batch, size = [], 0
-                    await trio.sleep(0.2)
-                    continue
-                line_number += 1
-                if not line.strip():
-                    continue
-                try:
-                    batch.append(decoder.decode(line))
-                except msgspec.DecodeError as exc:
-                    malformed += 1
-                    click.echo(f"busd: line {line_number}: not JSON ({exc}); skipped", err=True)
-                    continue
-                size += len(line)
-                if size >= _INGEST_CHUNK:
-                    await client.send_frame(Ingest(sdk=sdk, events=batch, session_id=session))
-                    sent += len(batch)
-                    batch, size = [], 0
-            await client.send_frame(Ingest(sdk=sdk, events=batch, session_id=session, end=True))
-            sent += len(batch)
+
+            def take(line: bytes | int) -> Any:
+                """The line's event, or ``None`` (said why) when it is none."""
+                nonlocal skipped
+                why: str | None
+                if isinstance(line, int):
+                    why = f"{line} bytes, over the daemon's frame cap of {client.limits.max_frame}"
+                elif not line.strip():
+                    return None
+                else:
+                    value, why = _json_object(decoder, line)
+                    if why is None:
+                        return value
+                skipped += 1
+                click.echo(f"busd: line {lines.number}: {why}; skipped", err=True)
+                return None
+
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope)
+                    while True:
+                        line = await lines.next()
+                        if line is None:
+                            if follow:
+                                if batch:  # nothing new yet: send what we have, then wait
+                                    await sink.ingest(sdk, session, batch)
+                                    batch, size = [], 0
+                                await trio.sleep(0.2)
+                                continue
+                            line = lines.rest()
+                            if line is None:
+                                break
+                        value = take(line)
+                        if value is None:
+                            continue
+                        batch.append(value)
+                        size += len(line) if isinstance(line, bytes) else 0
+                        if size >= _INGEST_CHUNK or interactive:
+                            await sink.ingest(sdk, session, batch)
+                            batch, size = [], 0
+                    nursery.cancel_scope.cancel()
+            await sink.ingest(sdk, session, batch, end=True)
             try:  # one ack answers for everything this connection published
                 acked = await client.acknowledge()
             except NotJournaled as exc:
                 fail(f"ingested, but not journaled: {exc}", NOT_JOURNALED_EXIT)
             except RequestFailed as exc:
                 fail(f"the daemon refused the stream: {exc}")
-        skipped = f", {malformed} malformed line(s) skipped" if malformed else ""
-        click.echo(f"busd: ingested {sent} {sdk} event(s){skipped}", err=True)
+        skipped += sink.skipped
+        note = f", {skipped} line(s) skipped" if skipped else ""
+        click.echo(f"busd: ingested {sink.events} {sdk} event(s){note}", err=True)
         _say_durable(acked, "the stream")
         return 0
 
     run_client(run)
+
+
+async def _cancel_on_signal(signals: Any, scope: trio.CancelScope) -> None:
+    async for _ in signals:
+        scope.cancel()
+        return
+
+
+def _json_object(decoder: msgspec.json.Decoder[Any], line: bytes) -> tuple[Any, str | None]:
+    """``(the object, None)``, or ``(None, why it is no event)``: not JSON, or not an object."""
+    try:
+        value = decoder.decode(line)
+    except msgspec.DecodeError as exc:
+        return None, f"not JSON ({exc})"
+    if not isinstance(value, dict):
+        return None, f"not a JSON object ({_JSON_NAMES.get(type(value), 'a value')})"
+    return value, None
+
+
+_JSON_NAMES = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+}
+
+
+class _Lines:
+    """Lines of a file or pipe read with ``os.read`` in a thread that Ctrl-C abandons.
+
+    ``os.read`` rather than the buffered reader: a thread abandoned in the
+    buffered reader holds its lock, and the interpreter aborts at exit. A
+    line over ``limit`` bytes is read through and returned as its length, so
+    one huge line is skipped and the lines after it are still read. A last
+    line without its newline waits (the writer may not be done) until
+    :meth:`rest`.
+    """
+
+    def __init__(self, fd: int, *, limit: int) -> None:
+        self._fd = fd
+        self._limit = limit
+        self._buffer = bytearray()
+        self._skipped = 0  # bytes of an over-long line read so far
+        self.number = 0
+
+    async def next(self) -> bytes | int | None:
+        """The next line, its length when over the limit, or ``None`` at the end for now."""
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buffer[: newline + 1])
+                del self._buffer[: newline + 1]
+                self.number += 1
+                if self._skipped:
+                    length, self._skipped = self._skipped + len(line), 0
+                    return length
+                return line
+            if len(self._buffer) > self._limit:
+                self._skipped += len(self._buffer)
+                self._buffer.clear()
+            chunk = await trio.to_thread.run_sync(
+                os.read, self._fd, 1 << 16, abandon_on_cancel=True
+            )
+            if not chunk:
+                return None
+            self._buffer += chunk
+
+    def rest(self) -> bytes | int | None:
+        """At the very end: the last line if it had no newline (as :meth:`next` returns it)."""
+        if not self._buffer and not self._skipped:
+            return None
+        self.number += 1
+        line, length = bytes(self._buffer), self._skipped + len(self._buffer)
+        self._buffer.clear()
+        self._skipped = 0
+        return length if length > self._limit else line
