@@ -340,3 +340,50 @@ async def test_ctrl_c_stops_reading_a_terminal_and_sends_what_was_read(sock_path
         os.close(terminal)
     assert code == 0, said
     assert "busd: ingested 1 anthropic event(s)" in said
+
+
+async def test_follow_reads_a_growing_file_and_holds_a_half_written_line(
+    sock_path: Path, tmp_path: Path
+) -> None:
+    lines = (FIXTURES / "anthropic-text.recorded.jsonl").read_bytes().splitlines()
+    growing = tmp_path / "stream.jsonl"
+    growing.write_bytes(lines[0] + b"\n" + lines[1][:10])  # the writer is mid-line
+    async with serving(sock_path):
+        process = await trio.lowlevel.open_process(
+            [
+                *BUSD,
+                "ingest",
+                "--socket",
+                str(sock_path),
+                "--sdk",
+                "anthropic",
+                "--follow",
+                "--session",
+                "grow",
+                str(growing),
+            ],
+            stderr=subprocess.PIPE,
+        )
+        assert process.stderr is not None
+        async with (
+            connect(sock_path, client="watcher") as watcher,
+            watcher.subscribe(["stream.>"], sessions=["grow"], window_ms=0) as sub,
+        ):
+            with trio.fail_after(20):  # the first line is followed
+                await sub.__anext__()
+            with growing.open("ab") as file:  # the writer finishes its line and the stream
+                file.write(lines[1][10:] + b"\n" + b"\n".join(lines[2:]) + b"\n")
+            seen: list[str] = []
+            with trio.fail_after(20):
+                async for batch in sub:
+                    seen += [type(envelope.event).__name__ for envelope in batch.events]
+                    if "TurnEnd" in seen:
+                        break
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            code = await process.wait()
+        said = (await process.stderr.receive_some(65536)).decode()
+        await process.stderr.aclose()
+    assert code == 0, said
+    assert "skipped" not in said  # the half line was held, not judged
+    assert f"busd: ingested {len(lines)} anthropic event(s)" in said
