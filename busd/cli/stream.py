@@ -156,7 +156,7 @@ def publish(
     fields: tuple[str, ...],
     payload: str | None,
 ) -> None:
-    """Publish one event, e.g. `busd publish stream.session.info --field message=hi`."""
+    """Publish one event, as in `busd publish stream.session.info --field message=hi`."""
     if fields and payload is not None:
         fail("give --field or --json, not both", 2)
     try:
