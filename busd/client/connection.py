@@ -1,24 +1,4 @@
-"""The Trio client library frontends and agents use to talk to the daemon.
-
-    async with busd.connect(client="my-ui") as client:
-        async with client.subscribe(["stream.>"], window_ms=16) as sub:
-            async for batch in sub:
-                for envelope in batch.events:
-                    ...
-        await client.publish(TextDelta(message_id="m1", text="hi"), session_id="s1")
-        status = await client.request(Status())
-
-Publishes are queued and the writer sends everything queued so far as one
-``publish`` frame (the daemon still validates and sequences each event on
-its own), so a fast publisher costs one syscall per burst, not per event.
-With ``reconnect=True`` a lost connection is re-established with backoff and
-every live subscription resumes from the last ``seq`` it delivered, so the
-iterator carries on without a gap (or reports one, if the daemon no longer
-holds the events).
-
-Background tasks (reader, writer, reconnection) live in the nursery of the
-``connect`` context manager: nothing outlives it.
-"""
+"""The connection: :class:`Client`, its subscriptions, and :func:`connect`."""
 
 from __future__ import annotations
 
@@ -28,18 +8,16 @@ import os
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 import trio
 
-from ._version import __version__
-from .core.catalog import Catalog
-from .core.errors import BusdError
-from .core.events import Envelope, Event
-from .wire import (
+from .._version import __version__
+from ..core.catalog import Catalog
+from ..core.events import Envelope, Event
+from ..wire import (
     BYE,
     PROTOCOL_VERSION,
     Bye,
@@ -70,71 +48,23 @@ from .wire import (
     encode_frame,
     server_frame_decoder,
 )
-from .wire.address import resolve_socket_path, untrusted_server
+from ..wire.address import resolve_socket_path, untrusted_server
+from .errors import (
+    Acked,
+    Batch,
+    ConnectionLost,
+    DaemonNotRunning,
+    NotJournaled,
+    RequestFailed,
+    SubscribeFailed,
+)
 
-__all__ = [
-    "Acked",
-    "Batch",
-    "Client",
-    "ClientSubscription",
-    "ConnectionLost",
-    "DaemonNotRunning",
-    "NotJournaled",
-    "RequestFailed",
-    "SubscribeFailed",
-    "connect",
-]
+__all__ = ["Client", "ClientSubscription", "connect"]
 
 logger = logging.getLogger("busd.client")
 
 _RECEIVE = 65_536
 _PUBLISH_QUEUE = 10_000
-
-
-class DaemonNotRunning(BusdError, ConnectionError):
-    """No daemon listens at the socket path."""
-
-
-class ConnectionLost(BusdError, ConnectionError):
-    """The daemon closed the connection (``reason`` and ``resume_seq`` from its goodbye)."""
-
-    def __init__(self, reason: str, message: str = "", resume_seq: int | None = None) -> None:
-        super().__init__(f"{reason}: {message}" if message else reason)
-        self.reason = reason
-        self.resume_seq = resume_seq
-
-
-class RequestFailed(BusdError):
-    """The daemon answered a request with an error."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-
-
-class SubscribeFailed(RequestFailed):
-    """The daemon refused a subscription (bad pattern, too many subscriptions)."""
-
-
-class NotJournaled(RequestFailed):
-    """Events this connection published are not in the daemon's journal (the message says which)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Acked:
-    """Every event published so far is journaled (``journaled`` false: the daemon has none)."""
-
-    first_seq: int | None
-    last_seq: int | None
-    journaled: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """What one subscription received in one frame: events in ``seq`` order, or a gap notice."""
-
-    events: list[Envelope[Event]]
-    gap: tuple[int, int] | None = None
 
 
 class ClientSubscription:
