@@ -9,6 +9,7 @@ from ._version import __version__ as __version__
 from .client import Acked as Acked
 from .client import Batch as Batch
 from .client import Client as Client
+from .client import ClientStatistics as ClientStatistics
 from .client import ClientSubscription as ClientSubscription
 from .client import ConnectionLost as ConnectionLost
 from .client import DaemonNotRunning as DaemonNotRunning
@@ -158,6 +159,7 @@ __all__ = [
     "chain_keyers",
     "Client",
     "client_frame_decoder",
+    "ClientStatistics",
     "ClientSubscription",
     "coalescing_key",
     "connect",

@@ -15,7 +15,14 @@ import pytest
 import trio
 import trio.testing
 
-from busd.client import Batch, ClientSubscription, RequestFailed, SubscribeFailed, connect
+from busd.client import (
+    Batch,
+    ClientStatistics,
+    ClientSubscription,
+    RequestFailed,
+    SubscribeFailed,
+    connect,
+)
 from busd.core.accounting import Accountant
 from busd.core.catalog import Catalog
 from busd.core.events import (
@@ -524,12 +531,13 @@ async def test_a_reconnecting_client_resumes_after_being_dropped(sock_path: Path
             await publisher.flush()
             got = await collect(sub, 1)
             for connection in list(server._connections):
-                if connection.name == "ui":
+                if connection.name.startswith("ui["):  # its identity: ui[pid=…,uid=…]
                     await connection.goodbye()
             for i in range(1, 20):  # some while the client is away
                 await publisher.publish(SessionInfo(message=str(i)), session_id="s1")
             await publisher.flush()
             got += await collect(sub, 19)
+            assert ui.statistics().reconnects == 1  # it was dropped, and came back
     assert [e.event for e in got] == [SessionInfo(message=str(i)) for i in range(20)]
     assert [e.seq for e in got] == sorted({e.seq for e in got})
 
@@ -732,3 +740,37 @@ async def test_an_event_whose_envelope_cannot_fit_a_frame_is_reported_not_fatal(
         assert isinstance(events, Events)
         assert [e.event.text for e in events.events] == ["x" * 10]
         await client.aclose()
+
+
+async def test_a_reconnecting_client_says_when_the_daemon_goes_and_comes_back(
+    sock_path: Path,
+) -> None:
+    """What a UI shows as "reconnecting…": the connection's changes, in order."""
+    changes: list[ClientStatistics] = []
+    both = trio.Event()
+    async with (
+        running_daemon(sock_path) as server,
+        connect(sock_path, client="ui", reconnect=True) as ui,
+        trio.open_nursery() as nursery,
+    ):
+        assert ui.statistics() == ClientStatistics(
+            connected=True, reconnects=0, last_lost=None, subscriptions=0
+        )
+
+        async def record(task_status: trio.TaskStatus[None]) -> None:
+            task_status.started()
+            while len(changes) < 2:
+                changes.append(await ui.wait_connection_change())
+            both.set()
+
+        await nursery.start(record)
+        for connection in list(server._connections):
+            if connection.name.startswith("ui["):  # its identity: ui[pid=…,uid=…]
+                await connection.goodbye()
+        with trio.fail_after(10):
+            await both.wait()
+    lost, back = changes
+    assert (lost.connected, lost.reconnects) == (False, 0)
+    assert lost.last_lost is not None
+    assert lost.last_lost.startswith("shutdown")
+    assert (back.connected, back.reconnects) == (True, 1)

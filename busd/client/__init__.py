@@ -24,6 +24,7 @@ from .connection import Client, ClientSubscription, connect
 from .errors import (
     Acked,
     Batch,
+    ClientStatistics,
     ConnectionLost,
     DaemonNotRunning,
     NotJournaled,
@@ -35,6 +36,7 @@ __all__ = [
     "Acked",
     "Batch",
     "Client",
+    "ClientStatistics",
     "ClientSubscription",
     "ConnectionLost",
     "DaemonNotRunning",

@@ -52,6 +52,7 @@ from ..wire.address import resolve_socket_path, untrusted_server
 from .errors import (
     Acked,
     Batch,
+    ClientStatistics,
     ConnectionLost,
     DaemonNotRunning,
     NotJournaled,
@@ -151,10 +152,31 @@ class Client:
         self._lost: ConnectionLost | None = None
         self._closing = False
         self._connected = trio.Event()
+        self._state_changed = trio.Event()
+        self._reconnects = 0
+        self._last_lost: ConnectionLost | None = None
 
     @property
     def limits(self) -> Limits:
         return self.welcome.limits if self.welcome is not None else Limits()
+
+    def statistics(self) -> ClientStatistics:
+        """Whether the daemon is reachable now, and how often it was lost (for a UI to show)."""
+        return ClientStatistics(
+            connected=self._connected.is_set(),
+            reconnects=self._reconnects,
+            last_lost=str(self._last_lost) if self._last_lost is not None else None,
+            subscriptions=len(self._subs),
+        )
+
+    async def wait_connection_change(self) -> ClientStatistics:
+        """Return at the next loss or re-establishment of the connection (``reconnect=True``)."""
+        await self._state_changed.wait()
+        return self.statistics()
+
+    def _changed(self) -> None:
+        self._state_changed.set()
+        self._state_changed = trio.Event()
 
     # -- connection life ---------------------------------------------------------
 
@@ -220,6 +242,8 @@ class Client:
             finally:  # cancelled too: the socket is closed, not left to the collector
                 self._connected = trio.Event()
                 await trio.aclose_forcefully(stream)
+            self._last_lost = lost
+            self._changed()
             if self._closing or not self.reconnect or lost.reason in (BYE, "forbidden"):
                 self._fail_everything(lost)
                 return
@@ -235,7 +259,10 @@ class Client:
                     continue
                 break
             backoff = 0.1
+            self._reconnects += 1
             self._resubscribe()
+            self._connected.set()  # before the loop sets it again: say so now, in order
+            self._changed()
 
     def _resubscribe(self) -> None:
         # Queued ahead of anything else: each resumes where its iterator stopped.

@@ -10,6 +10,7 @@ from ..core.events import Envelope, Event
 __all__ = [
     "Acked",
     "Batch",
+    "ClientStatistics",
     "ConnectionLost",
     "DaemonNotRunning",
     "NotJournaled",
@@ -54,6 +55,16 @@ class Acked:
     first_seq: int | None
     last_seq: int | None
     journaled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    """What :meth:`Client.statistics` reports: is the daemon there, and how often was it lost."""
+
+    connected: bool
+    reconnects: int
+    last_lost: str | None  # why the last connection ended, as the daemon or the socket said
+    subscriptions: int
 
 
 @dataclass(frozen=True, slots=True)
