@@ -253,7 +253,9 @@ async def test_plain_watchers_log_the_run_whether_asked_or_piped(sock_path: Path
         assert SUMMARY.fullmatch(body[-1]), (name, body)
 
 
-async def test_watch_says_clearly_when_there_is_no_daemon_or_it_goes(sock_path: Path) -> None:
+async def test_watch_says_clearly_when_there_is_no_daemon_and_waits_out_a_restart(
+    sock_path: Path,
+) -> None:
     with trio.fail_after(30):
         absent = await trio.run_process(
             [*BUSD, "watch", "--socket", str(sock_path), "--plain"],
@@ -264,30 +266,43 @@ async def test_watch_says_clearly_when_there_is_no_daemon_or_it_goes(sock_path: 
     assert absent.returncode == 1
     assert b"no busd daemon at" in absent.stderr
 
-    async with serving(sock_path) as daemon:
-        watcher = await trio.lowlevel.open_process(
-            [*BUSD, "watch", "--socket", str(sock_path), "--plain"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        try:
+    watcher: trio.Process | None = None
+    out, err = bytearray(), bytearray()
+    try:
+        async with serving(sock_path) as daemon:
+            watcher = await trio.lowlevel.open_process(
+                [*BUSD, "watch", "--socket", str(sock_path), "--plain"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
             assert watcher.stdout is not None
             assert watcher.stderr is not None
             async with busd_connect(sock_path, client="tester", role="agent") as client:
                 await client.publish(SessionInfo(message="hello"), session_id="s1")
             with trio.fail_after(30):
-                await _read_until(watcher.stdout, b"[s1] \xe2\x84\xb9 hello\n", bytearray())
+                await _read_until(watcher.stdout, "[s1] ℹ hello\n".encode(), out)
             daemon.send_signal(signal.SIGTERM)
             with trio.fail_after(30):
+                await _read_until(watcher.stderr, b"reconnecting", err)
+        assert watcher.returncode is None  # it waits for the daemon to come back
+        async with serving(sock_path):  # a new daemon (no journal): it numbers afresh
+            async with busd_connect(sock_path, client="tester", role="agent") as client:
+                await client.publish(SessionInfo(message="again"), session_id="s2")
+            with trio.fail_after(30):
+                await _read_until(watcher.stderr, b"the daemon is back\n", err)
+                await _read_until(watcher.stdout, "[s2] ℹ again\n".encode(), out)
+            watcher.send_signal(signal.SIGTERM)
+            with trio.fail_after(30):
                 code = await watcher.wait()
-                error = bytearray()
-                await _read_until(watcher.stderr, b"\n", error)
-        finally:
+    finally:
+        if watcher is not None:
             if watcher.returncode is None:
                 watcher.kill()
                 await watcher.wait()
             for pipe in (watcher.stdout, watcher.stderr):
                 if pipe is not None:
                     await pipe.aclose()
-    assert code == 1
-    assert error.decode().startswith("busd: lost the daemon (shutdown"), error
+    assert code == 143
+    said = err.decode()
+    assert said.startswith("busd: lost the daemon (shutdown"), said
+    assert "Traceback" not in said

@@ -247,7 +247,7 @@ class Client:
             if self._closing or not self.reconnect or lost.reason in (BYE, "forbidden"):
                 self._fail_everything(lost)
                 return
-            logger.warning("connection lost (%s); reconnecting", lost)
+            logger.info("connection lost (%s); reconnecting", lost)  # wait_connection_change
             while True:
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -2,7 +2,8 @@
 
 It subscribes to everything the daemon still holds (``since_seq=0``), so a
 frontend attached late shows the runs already under way, folds each batch
-into :class:`~busd.frontends.view.Views` and draws them: a rich ``Live`` screen
+into :class:`~busd.frontends.view.Views` (through a daemon restart: the
+client reconnects and resumes) and draws them: a rich ``Live`` screen
 refreshed by a Trio task (no rich thread), or log lines (``--plain``, and
 whenever stdout is not a terminal).
 
@@ -136,6 +137,8 @@ class WatchState:
     """Until the user switches, the focus follows the session that needs them."""
     message: str | None = None
     message_until: float = 0.0
+    offline: str | None = None
+    """While the daemon is away: why, shown until it is back (it does not time out)."""
 
     def visible(self, views: Views) -> list[str]:
         if not self.only:
@@ -149,6 +152,8 @@ class WatchState:
         self.message, self.message_until = text, now + MESSAGE_S
 
     def current_message(self, now: float) -> str | None:
+        if self.offline is not None:
+            return self.offline
         return self.message if now < self.message_until else None
 
     def settle(self, views: Views, changed: set[str]) -> None:
@@ -234,6 +239,7 @@ class _Watcher:
     changed: trio.Event = field(default_factory=trio.Event)
     code: int = 0
     error: ConnectionLost | None = None
+    head: int = 0
 
     async def receive(
         self, fold: Callable[[list[Envelope[Event]]], set[str]], done: trio.CancelScope
@@ -244,6 +250,11 @@ class _Watcher:
                 if batch.gap is not None:
                     start, end = batch.gap
                     self.state.say(f"events {start}..{end} are no longer held", time.time())
+                if batch.events and batch.events[0].seq <= self.head:
+                    self.views = Views()  # a daemon without a journal came back: it numbers afresh
+                    self.state.say("the daemon restarted without its history", time.time())
+                if batch.events:
+                    self.head = batch.events[-1].seq
                 changed = fold(batch.events)
                 self.state.settle(self.views, changed)
                 self.changed.set()
@@ -271,6 +282,20 @@ class _Watcher:
             for sid, view in self.views.sessions.items()
             if sid in shown
         )
+
+    async def connection(self, note: Callable[[str], None]) -> None:
+        """Say when the daemon goes away and when it is back (the client reconnects)."""
+        while True:
+            stats = await self.client.wait_connection_change()
+            if stats.connected:
+                self.state.offline = None
+                self.state.say("the daemon is back", time.time())
+                note("busd: the daemon is back")
+            else:
+                why = stats.last_lost or "closed"
+                self.state.offline = f"lost the daemon ({why}); reconnecting…"
+                note(f"busd: {self.state.offline}")
+            self.changed.set()
 
     def busy(self) -> bool:
         shown = self.state.visible(self.views)
@@ -301,14 +326,18 @@ async def watch(
 
     Output that is not a terminal gets plain lines whatever ``plain`` says.
 
+    When the daemon goes away the watch says so and reconnects, resuming
+    from the last ``seq`` it showed (a daemon that lost its history starts
+    the screen afresh).
+
     :raises DaemonNotRunning: nobody listens at ``path``.
-    :raises ConnectionLost: the daemon went away while watching.
+    :raises ConnectionLost: the daemon refused the connection.
     """
     stream = out if out is not None else sys.stdout
     plain = plain or not stream.isatty()
     state = WatchState(only=sessions)
     async with (
-        busd_connect(path, client=name) as client,
+        busd_connect(path, client=name, reconnect=True) as client,
         client.subscribe(
             [">"], sessions=sessions or None, since_seq=0, window_ms=33, deltas="merged"
         ) as sub,
@@ -365,7 +394,12 @@ async def _plain(watcher: _Watcher, stream: TextIO) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watcher.signals, nursery.cancel_scope)
             nursery.start_soon(ticker)
+            nursery.start_soon(watcher.connection, _to_stderr)
             nursery.start_soon(watcher.receive, fold, nursery.cancel_scope)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _silence(stream: TextIO) -> None:
@@ -452,8 +486,11 @@ async def _live(watcher: _Watcher, stream: TextIO) -> None:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(watcher.signals, nursery.cancel_scope)
                     nursery.start_soon(refresher, live)
+                    nursery.start_soon(watcher.connection, lambda _: None)  # on the screen
                     nursery.start_soon(
-                        watcher.receive, watcher.views.apply_all, nursery.cancel_scope
+                        watcher.receive,
+                        lambda envelopes: watcher.views.apply_all(envelopes),
+                        nursery.cancel_scope,
                     )
                     if keyboard is not None:
                         nursery.start_soon(keys, keyboard, nursery)
