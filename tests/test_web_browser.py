@@ -432,3 +432,45 @@ def test_a_read_only_page_shows_the_request_and_no_buttons(workdir: Path) -> Non
     finally:
         for process in reversed(processes):
             process.stop()
+
+
+def test_the_page_says_when_busd_web_has_lost_the_daemon(workdir: Path) -> None:
+    """ "live" means the page reaches the daemon, not only busd web (issue 19)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    expect = sync_api.expect
+    socket = workdir / "bus.sock"
+    processes: list[Process] = []
+    try:
+        processes.append(daemon := Process("serve", "--socket", str(socket), log=workdir / "s.log"))
+        daemon.wait_for(r"listening on")
+        processes.append(web := Process("web", "--socket", str(socket), log=workdir / "w.log"))
+        url = web.wait_for(r"http://127\.0\.0\.1:\d+/\?token=\S+").group(0)
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(url)
+                badge = page.get_by_test_id("connection")
+                expect(badge).to_have_attribute("data-state", "live", timeout=DEADLINE * 1000)
+                live_colour = badge.evaluate("node => getComputedStyle(node).color")
+                daemon.stop()
+                expect(badge).to_have_attribute(
+                    "data-state", "daemon-gone", timeout=DEADLINE * 1000
+                )
+                expect(badge).to_have_text(re.compile(r"^daemon gone \(shutdown.*reconnecting…$"))
+                gone_colour = badge.evaluate("node => getComputedStyle(node).color")
+                assert gone_colour != live_colour  # not the green of "live"
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "busd-web-daemon-gone.png"), full_page=True)
+                page.reload()  # a page opened while the daemon is away learns it at once
+                expect(badge).to_have_attribute(
+                    "data-state", "daemon-gone", timeout=DEADLINE * 1000
+                )
+                processes.append(Process("serve", "--socket", str(socket), log=workdir / "s2.log"))
+                processes[-1].wait_for(r"listening on")
+                expect(badge).to_have_attribute("data-state", "live", timeout=DEADLINE * 1000)
+            finally:
+                browser.close()
+    finally:
+        for process in reversed(processes):
+            process.stop()

@@ -128,6 +128,7 @@ class Browser:
     def __init__(self) -> None:
         self.dirty: dict[str, bool] = {}  # ordered: sessions in the order they changed
         self.reset = False
+        self.daemon = False  # the daemon connection's state is due
         self.wake = trio.Event()
 
     def mark(self, changes: dict[str, bool]) -> None:
@@ -139,6 +140,10 @@ class Browser:
     def mark_reset(self) -> None:
         self.reset = True
         self.dirty.clear()
+        self.wake.set()
+
+    def mark_daemon(self) -> None:
+        self.daemon = True
         self.wake.set()
 
     def take(self) -> tuple[bool, dict[str, bool]]:
@@ -172,6 +177,8 @@ class WebBridge:
         self.url = ""
         self.port = 0
         self.lost: ConnectionLost | None = None
+        self.daemon: dict[str, Any] = {"connected": True, "lost": None}
+        """What the page shows beside "live": the page may reach us while we lost the daemon."""
         self.closing = trio.Event()
         self.served = trio.Event()
         self.done = trio.Event()
@@ -210,6 +217,18 @@ class WebBridge:
             self.lost = exc
             self.stop()
 
+    async def watch_daemon(self, client: Client) -> None:
+        """Tell every browser when the daemon goes away and when it is back."""
+        while True:
+            stats = await client.wait_connection_change()
+            self.daemon = {"connected": stats.connected, "lost": stats.last_lost}
+            if stats.connected:
+                logger.warning("the daemon is back")
+            else:
+                logger.warning("lost the daemon (%s); reconnecting", stats.last_lost)
+            for browser in self.browsers:
+                browser.mark_daemon()
+
     def stop(self) -> None:
         """End every event stream, then the server (``serve_web`` returns)."""
         self.closing.set()
@@ -221,16 +240,18 @@ class WebBridge:
             "now": now,
             "name": self.name,
             "read_only": self.read_only,
+            "daemon": self.daemon,
             "sessions": [view.snapshot(now) for view in self.views.sessions.values()],
         }
 
     def frame(self, browser: Browser) -> tuple[bytes, set[str]]:
         """What ``browser`` has yet to receive, as SSE bytes, and the sessions it covers."""
         now = self.clock()
+        daemon, browser.daemon = browser.daemon, False
         reset, dirty = browser.take()
         if reset:
             return sse("snapshot", self.full(now)), set(self.views.sessions)
-        out = bytearray()
+        out = bytearray(sse("daemon", self.daemon) if daemon else b"")
         for session_id, full in dirty.items():
             view = self.views.sessions.get(session_id)
             if view is not None:
@@ -520,6 +541,7 @@ async def _serve(
 ) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(bridge.pump, subscription)
+        nursery.start_soon(bridge.watch_daemon, subscription.client)
         binds: list[str] = await nursery.start(_serve_http, bridge, _config(host, port))
         base = binds[0]
         bridge.port = int(base.rsplit(":", 1)[1])

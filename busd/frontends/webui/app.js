@@ -424,7 +424,17 @@
       $connection.dataset.state = name;
       $connection.textContent = text;
     };
-    source.addEventListener("open", () => setConnection("live", "live"));
+    // "live" is two links: this page to busd web, and busd web to the daemon.
+    let daemon = { connected: true, lost: null };
+    const showDaemon = () => {
+      if (daemon.connected) setConnection("live", "live");
+      else setConnection("daemon-gone", `daemon gone (${daemon.lost}): reconnecting…`);
+    };
+    source.addEventListener("open", showDaemon);
+    source.addEventListener("daemon", (event) => {
+      daemon = JSON.parse(event.data);
+      showDaemon();
+    });
     source.addEventListener("error", () => {
       if (source.readyState === EventSource.CLOSED) {
         setConnection("closed", "disconnected (reload, or open the URL busd web printed)");
@@ -435,6 +445,8 @@
     source.addEventListener("snapshot", (event) => {
       const data = JSON.parse(event.data);
       clock(data.now);
+      daemon = data.daemon;
+      showDaemon();
       state.readOnly = Boolean(data.read_only);
       document.body.dataset.readOnly = String(state.readOnly);
       $name.textContent = state.readOnly ? `read-only: ${data.name}` : `answering as ${data.name}`;
@@ -450,6 +462,8 @@
     source.addEventListener("status", (event) => {
       const data = JSON.parse(event.data);
       clock(data.now);
+      daemon = data.daemon;
+      showDaemon();
       const view = state.sessions.get(data.session_id);
       if (!view) return;
       Object.assign(view, {
