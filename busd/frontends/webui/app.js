@@ -462,8 +462,6 @@
     source.addEventListener("status", (event) => {
       const data = JSON.parse(event.data);
       clock(data.now);
-      daemon = data.daemon;
-      showDaemon();
       const view = state.sessions.get(data.session_id);
       if (!view) return;
       Object.assign(view, {
