@@ -54,6 +54,9 @@ from .core.history import History as History
 from .core.history import Replay as Replay
 from .core.patterns import Pattern as Pattern
 from .core.permissions import PermissionDecision as PermissionDecision
+from .core.prices import ModelPrice as ModelPrice
+from .core.prices import cost_usd as cost_usd
+from .core.prices import price_of as price_of
 from .core.sessions import SessionRegistry as SessionRegistry
 from .core.sessions import SessionSnapshot as SessionSnapshot
 from .core.sessions import SessionSummary as SessionSummary
@@ -163,6 +166,7 @@ __all__ = [
     "ClientSubscription",
     "coalescing_key",
     "connect",
+    "cost_usd",
     "ConnectionLost",
     "ContextRegistry",
     "ContextRegistryStatistics",
@@ -205,12 +209,14 @@ __all__ = [
     "Keyer",
     "merge_cumulative",
     "Message",
+    "ModelPrice",
     "normalize_usage",
     "Overflow",
     "Pattern",
     "PermissionDecision",
     "PluginConfigError",
     "PluginHost",
+    "price_of",
     "PluginInfo",
     "PluginManager",
     "PROTOCOL_VERSION",
