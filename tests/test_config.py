@@ -50,9 +50,35 @@ def test_a_policy_file_becomes_rules_in_order(tmp_path: Path) -> None:
     assert match_rule(rules, PermissionRequested(request_id="p", tool="Read")) == (0, rules[0])
 
 
+def test_a_rule_may_list_several_categories_and_tools(tmp_path: Path) -> None:
+    """As simse's rules do: one rule for read and search, one for two shells (issue 22)."""
+    path = tmp_path / "busd.toml"
+    path.write_text(
+        "[[permissions.rules]]\naction = 'allow'\ncategory = ['read', 'search']\n"
+        "[[permissions.rules]]\naction = 'deny'\ntool = ['Bash', 'mcp__shell__*']\n"
+        "[[permissions.rules]]\naction = 'ask'\n"
+    )
+    rules = load_config(path).permissions.rules
+
+    def decided(tool: str, category: str | None = None) -> int | None:
+        match = match_rule(rules, PermissionRequested(request_id="p", tool=tool, category=category))
+        return None if match is None else match[0]
+
+    assert decided("Grep", "search") == 0
+    assert decided("Read", "read") == 0
+    assert decided("Write", "edit") == 2
+    assert decided("Write") == 2  # no category: a category rule does not match
+    assert decided("Bash", "execute") == 1
+    assert decided("mcp__shell__run") == 1
+    assert decided("mcp__files__read") == 2
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
+        ("[[permissions.rules]]\naction = 'deny'\ncategory = []\n", "category is an empty list"),
+        ("[[permissions.rules]]\naction = 'deny'\ntool = []\n", "tool is an empty list"),
+        ("[[permissions.rules]]\naction = 'deny'\ntool = ['Bash', 3]\n", "tool"),
         ("[permissions]\ntimout = 3\n", "timout"),  # a typo must not weaken a policy silently
         ("[[permissions.rules]]\naction = 'maybe'\n", "action"),
         ("[[permissions.rules]]\naction = 'deny'\ntoool = 'Bash'\n", "toool"),

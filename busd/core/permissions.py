@@ -50,20 +50,28 @@ class PermissionRule(
     """One rule of the daemon's permission policy; every given condition must match."""
 
     action: Literal["allow", "deny", "ask"]
-    tool: str = "*"
-    """A glob over the tool name (``Bash``, ``mcp__*``)."""
-    category: str | None = None
-    """The request's category, exactly (``edit``, ``execute``, ``read``...)."""
+    tool: str | tuple[str, ...] = "*"
+    """A glob over the tool name (``Bash``, ``mcp__*``), or a list of them: any may match."""
+    category: str | tuple[str, ...] | None = None
+    """The request's category, exactly (``edit``, ``execute``, ``read``...), or a list of them."""
     annotations: dict[str, Any] = {}
     """Each key must be present with this value (``{"readOnlyHint": true}``)."""
     command: str | None = None
     """A regular expression searched in the input's ``command`` (shell tools)."""
 
+    def __post_init__(self) -> None:
+        for name in ("tool", "category"):
+            if getattr(self, name) == ():
+                raise ValueError(f"{name} is an empty list: it would match nothing")
+
     def matches(self, request: PermissionRequested) -> bool:
-        if not fnmatch.fnmatchcase(request.tool, self.tool):
+        tools = (self.tool,) if isinstance(self.tool, str) else self.tool
+        if not any(fnmatch.fnmatchcase(request.tool, glob) for glob in tools):
             return False
-        if self.category is not None and request.category != self.category:
-            return False
+        if self.category is not None:
+            categories = (self.category,) if isinstance(self.category, str) else self.category
+            if request.category not in categories:
+                return False
         for key, value in self.annotations.items():
             if request.annotations.get(key) != value:
                 return False

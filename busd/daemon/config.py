@@ -8,7 +8,10 @@
 
     [[permissions.rules]]     # first match wins; every given condition must hold
     action = "allow"          # allow | deny | ask
-    tool = "Read"             # glob over the tool name
+    tool = "Read"             # glob over the tool name (or a list of globs)
+    [[permissions.rules]]
+    action = "allow"
+    category = ["read", "search"]   # one category, or a list
     [[permissions.rules]]
     action = "deny"
     category = "execute"
