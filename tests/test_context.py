@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from busd.core.context import ContextRegistry, ContextWindow
 from busd.core.estimate import estimate_json_tokens, estimate_tokens
 from busd.core.events import (
+    ContextBasis,
     ContextBreakdown,
     Envelope,
     Event,
@@ -392,3 +393,40 @@ def test_registry_forgets_the_least_recently_fed_conversation() -> None:
     assert registry.get("b") is None
     assert registry.get("a") is not None
     assert registry.statistics().evicted == 1
+
+
+def test_the_basis_says_what_the_figure_stands_on() -> None:
+    """Dexto's breakdown: last input + last output + estimate since, and how good estimates were."""
+    context = ContextWindow(200_000)
+    assert context.basis() == ContextBasis()  # nothing known yet
+    context.add_message(400)
+    context.call_started()  # 400 shown before the first call
+    context.record_call(
+        TokenUsage(
+            input_tokens=100, cache_read_tokens=300, cache_write_tokens=100, output_tokens=50
+        )
+    )
+    context.add_message(30)
+    basis = context.snapshot().basis
+    assert basis == ContextBasis(
+        last_input=500,
+        last_output=50,
+        added=30,
+        cache_read=300,
+        cache_write=100,
+        cache_hit_percent=60.0,
+        estimate_samples=1,
+        estimate_error_percent=20.0,  # 400 shown, 500 sent
+    )
+    assert context.used == basis.last_input + basis.last_output + basis.added
+    context.observe_reported(None, 700)  # the provider's own figure wins until the next call
+    context.add_message(5)
+    basis = context.basis()
+    assert (basis.reported, basis.added) == (700, 5)
+    assert context.used == 705
+    context.call_started()  # 705 shown; the call sends 705 exactly
+    context.record_call(TokenUsage(input_tokens=705, output_tokens=1))
+    basis = context.basis()
+    assert basis.reported is None
+    assert (basis.cache_hit_percent, basis.estimate_samples) == (0.0, 2)
+    assert basis.estimate_error_percent == pytest.approx(10.0)  # (20 + 0) / 2

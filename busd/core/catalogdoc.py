@@ -14,6 +14,7 @@ import msgspec
 
 from .catalog import Catalog
 from .events import (
+    ContextBasis,
     ContextBreakdown,
     Envelope,
     PermissionOption,
@@ -28,6 +29,7 @@ VALUE_TYPES: tuple[type[msgspec.Struct], ...] = (
     PermissionOption,
     ToolMetrics,
     ContextBreakdown,
+    ContextBasis,
 )
 
 _PREAMBLE = """\

@@ -31,6 +31,7 @@ from typing import cast
 
 from .estimate import estimate_json_tokens, estimate_tokens
 from .events import (
+    ContextBasis,
     ContextBreakdown,
     ContextUsage,
     Envelope,
@@ -129,10 +130,12 @@ class ContextWindow:
         "_compacted_in_turn",
         "_cumulative",
         "_errors",
+        "_last_cache",
         "_last_input",
         "_last_output",
         "_pending",
         "_prediction",
+        "_reported",
         "_reserve",
         "_since",
         "_system",
@@ -167,6 +170,8 @@ class ContextWindow:
         self._since = 0  # estimated tokens added since the anchor (or since the start)
         self._last_input: int | None = None
         self._last_output = 0
+        self._last_cache = (0, 0)  # the last call's cache reads and writes
+        self._reported: int | None = None  # the provider's own figure, until the next call
         self._prediction: int | None = None  # `used` when the pending call went out
         self._errors: deque[tuple[int, int]] = deque(maxlen=max_samples)  # (estimate, actual)
         self._calls = 0
@@ -243,6 +248,23 @@ class ContextWindow:
             system=system, tools=tools, messages=used - system - tools, free=free
         )
 
+    def basis(self) -> ContextBasis:
+        """What :attr:`used` stands on (docs/accounting.md, "The context figure's basis")."""
+        cache_read, cache_write = self._last_cache
+        last_input = self._last_input
+        stats = self.statistics()
+        return ContextBasis(
+            last_input=last_input,
+            last_output=self._last_output,
+            reported=self._reported,
+            added=self._since,
+            cache_read=cache_read,
+            cache_write=cache_write,
+            cache_hit_percent=100.0 * cache_read / last_input if last_input else None,
+            estimate_samples=stats.samples,
+            estimate_error_percent=stats.mean_abs_pct_error,
+        )
+
     def snapshot(self) -> ContextUsage:
         return ContextUsage(
             used=self.used,
@@ -250,6 +272,7 @@ class ContextWindow:
             percent=self.percent(),
             estimated=not self._actual,
             breakdown=self.breakdown(),
+            basis=self.basis(),
         )
 
     def statistics(self) -> ContextStatistics:
@@ -325,6 +348,8 @@ class ContextWindow:
         self._prediction = None
         self._last_input = actual_input
         self._last_output = usage.output_tokens
+        self._last_cache = (usage.cache_read_tokens, usage.cache_write_tokens)
+        self._reported = None
         self._anchor = actual_input + usage.output_tokens
         self._actual = True
         self._since = 0
@@ -336,12 +361,14 @@ class ContextWindow:
         if window is not None:
             self.set_window(window)
         self._anchor = used
+        self._reported = used
         self._actual = True
         self._since = 0
 
     def compacted(self, tokens_after: int | None = None) -> None:
         """The conversation was summarized; estimate afresh from what remains."""
         self._anchor = tokens_after
+        self._reported = None
         self._actual = False
         self._since = 0
         self._prediction = None

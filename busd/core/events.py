@@ -23,6 +23,7 @@ __all__ = [
     "AgentComplete",
     "AgentStart",
     "AgentUpdate",
+    "ContextBasis",
     "ContextBreakdown",
     "ContextUsage",
     "Envelope",
@@ -127,6 +128,31 @@ class ContextBreakdown(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     tools: int = 0
     messages: int = 0
     free: int | None = None
+
+
+class ContextBasis(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the context figure stands on: the last actual count, and what was estimated since.
+
+    ``used`` is ``last_input + last_output + added`` after a call (or
+    ``reported + added`` after a provider's own report). ``cache_hit_percent``
+    is the last call's cache reads over its whole input. The estimate error
+    compares each figure shown before a call with the call's actual input.
+    """
+
+    last_input: int | None = None
+    """The last call's whole input (uncached, cache reads and writes); ``None`` before one."""
+    last_output: int = 0
+    reported: int | None = None
+    """The provider's own figure, when it reported the window state since the last call."""
+    added: int = 0
+    """Estimated tokens added since (new messages, tool results, partial output)."""
+    cache_read: int = 0
+    cache_write: int = 0
+    cache_hit_percent: float | None = None
+    estimate_samples: int = 0
+    """Calls whose input busd had estimated before the actual count arrived."""
+    estimate_error_percent: float | None = None
+    """Mean absolute error of those estimates, as a percentage of the actual input."""
 
 
 # -- stream.session.* --------------------------------------------------------
@@ -401,6 +427,7 @@ class ContextUsage(Event, frozen=True, tag="busd.context"):
     percent: float | None = None
     estimated: bool = False
     breakdown: ContextBreakdown = ContextBreakdown()
+    basis: ContextBasis = ContextBasis()
 
 
 class ToolTimeout(Event, frozen=True, tag="busd.tool.timeout"):
