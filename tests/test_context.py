@@ -418,7 +418,7 @@ def test_the_basis_says_what_the_figure_stands_on() -> None:
         estimate_samples=1,
         estimate_error_percent=20.0,  # 400 shown, 500 sent
     )
-    assert context.used == basis.last_input + basis.last_output + basis.added
+    assert context.used == 500 + 50 + 30  # last_input + last_output + added
     context.observe_reported(None, 700)  # the provider's own figure wins until the next call
     context.add_message(5)
     basis = context.basis()
