@@ -70,6 +70,7 @@ from .core.usage import UnknownProvider as UnknownProvider
 from .core.usage import UsageLedger as UsageLedger
 from .core.usage import UsageLedgerStatistics as UsageLedgerStatistics
 from .core.usage import add_usage as add_usage
+from .core.usage import cache_hit_percent as cache_hit_percent
 from .core.usage import merge_cumulative as merge_cumulative
 from .core.usage import normalize_usage as normalize_usage
 from .daemon.accounting import AccountingService as AccountingService
@@ -154,6 +155,7 @@ __all__ = [
     "Batch",
     "BatchDispatcher",
     "build_transcript",
+    "cache_hit_percent",
     "Bus",
     "BusdError",
     "BusStatistics",

@@ -20,6 +20,7 @@ from busd.core.usage import (
     UnknownProvider,
     UsageLedger,
     add_usage,
+    cache_hit_percent,
     merge_cumulative,
     normalize_usage,
     read_usage,
@@ -860,3 +861,11 @@ def test_an_unrecognised_usage_shape_is_reported_never_read_as_zeros(
     assert read_usage({}) == TokenUsage()
     assert read_usage(_fixture("gemini-reasoning.json")) == tokens(i=9, o=311, r=282)
     assert unrecognized_usage() == before + 3
+
+
+def test_cache_hit_percent_is_reads_over_the_whole_prompt() -> None:
+    assert cache_hit_percent(TokenUsage()) is None  # no prompt, no ratio (not 0%)
+    assert cache_hit_percent(TokenUsage(output_tokens=5)) is None
+    tokens = TokenUsage(input_tokens=10, cache_read_tokens=80, cache_write_tokens=10)
+    assert cache_hit_percent(tokens) == 80.0
+    assert cache_hit_percent(TokenUsage(input_tokens=10)) == 0.0

@@ -260,7 +260,7 @@ class ContextWindow:
             added=self._since,
             cache_read=cache_read,
             cache_write=cache_write,
-            cache_hit_percent=100.0 * cache_read / last_input if last_input else None,
+            cache_hit_percent=(100.0 * cache_read / last_input) if last_input else None,
             estimate_samples=stats.samples,
             estimate_error_percent=stats.mean_abs_pct_error,
         )

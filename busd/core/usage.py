@@ -53,6 +53,7 @@ __all__ = [
     "UsageLedger",
     "UsageLedgerStatistics",
     "add_usage",
+    "cache_hit_percent",
     "merge_cumulative",
     "normalize_usage",
     "read_usage",
@@ -358,6 +359,16 @@ def merge_cumulative(a: TokenUsage, b: TokenUsage) -> TokenUsage:
         cache_write_tokens=max(a.cache_write_tokens, b.cache_write_tokens),
         cost_usd=cost,
     )
+
+
+def cache_hit_percent(tokens: TokenUsage) -> float | None:
+    """The share of the prompt served from the cache: reads over the whole input, in percent.
+
+    Of one call, or of a running total (a session's ``stream.usage``); ``None``
+    when there was no input. The same figure ``busd.context`` gives per call.
+    """
+    whole = tokens.input_tokens + tokens.cache_read_tokens + tokens.cache_write_tokens
+    return 100.0 * tokens.cache_read_tokens / whole if whole else None
 
 
 def add_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
