@@ -430,3 +430,45 @@ def test_the_basis_says_what_the_figure_stands_on() -> None:
     assert basis.reported is None
     assert (basis.cache_hit_percent, basis.estimate_samples) == (0.0, 2)
     assert basis.estimate_error_percent == pytest.approx(10.0)  # (20 + 0) / 2
+
+
+def test_estimates_learn_a_correction_from_the_calls_that_follow() -> None:
+    """An estimator that guesses half of what the provider counts is doubled once seen."""
+    context = ContextWindow(200_000)
+    context.add_message(1_000)
+    context.call_started()
+    context.record_call(TokenUsage(input_tokens=1_000, output_tokens=100))  # anchor 1,100
+    assert context.correction == 1.0  # nothing estimated on an anchor yet
+    context.add_message(500)  # busd guesses 500; the provider will count 1,000
+    context.call_started()
+    assert context.used == 1_600
+    context.record_call(TokenUsage(input_tokens=2_100, output_tokens=100))
+    assert context.correction == 2.0
+    context.add_message(500)
+    assert context.used == 2_200 + 1_000  # the same guess, corrected
+    assert context.basis().added == 1_000
+    assert context.basis().estimate_correction == 2.0
+    context.call_started()
+    context.record_call(TokenUsage(input_tokens=3_200, output_tokens=0))
+    assert context.statistics().last_error == 0  # the corrected figure was exact
+
+
+def test_a_correction_is_bounded_and_ignores_tiny_estimates() -> None:
+    context = ContextWindow(200_000)
+    context.call_started()
+    context.record_call(TokenUsage(input_tokens=1_000))
+    context.add_message(10)  # too small to learn from
+    context.call_started()
+    context.record_call(TokenUsage(input_tokens=5_000))
+    assert context.correction == 1.0
+    context.add_message(100)  # a huge jump the estimate could not know (a file attached)
+    context.call_started()
+    context.record_call(TokenUsage(input_tokens=50_000))
+    assert context.correction == 4.0  # capped
+    uncalibrated = ContextWindow(200_000, calibrate=False)
+    uncalibrated.call_started()
+    uncalibrated.record_call(TokenUsage(input_tokens=1_000))
+    uncalibrated.add_message(500)
+    uncalibrated.call_started()
+    uncalibrated.record_call(TokenUsage(input_tokens=2_500))
+    assert uncalibrated.correction == 1.0

@@ -77,6 +77,14 @@ class ContextStatistics:
     mean_abs_pct_error: float | None
 
 
+_CALIBRATION_SAMPLES = 16
+"""Calls a conversation's correction is learned over (the most recent ones)."""
+_CALIBRATION_MIN_TOKENS = 50
+"""Estimated growth below this teaches nothing: the call's own overhead would dominate."""
+_CALIBRATION_MIN, _CALIBRATION_MAX = 0.25, 4.0
+"""A correction stays within these: one odd call must not make the figure absurd."""
+
+
 def _context_input(usage: TokenUsage) -> int:
     return usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
 
@@ -126,17 +134,21 @@ class ContextWindow:
     __slots__ = (
         "_actual",
         "_anchor",
+        "_calibrate",
         "_calls",
         "_compacted_in_turn",
+        "_correction",
         "_cumulative",
         "_errors",
         "_last_cache",
         "_last_input",
         "_last_output",
         "_pending",
+        "_predicted_since",
         "_prediction",
         "_reported",
         "_reserve",
+        "_residuals",
         "_since",
         "_system",
         "_threshold",
@@ -154,6 +166,7 @@ class ContextWindow:
         reserve: int = 0,
         threshold: float = 0.8,
         max_samples: int = 256,
+        calibrate: bool = True,
     ) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], not {threshold}")
@@ -174,6 +187,11 @@ class ContextWindow:
         self._reported: int | None = None  # the provider's own figure, until the next call
         self._prediction: int | None = None  # `used` when the pending call went out
         self._errors: deque[tuple[int, int]] = deque(maxlen=max_samples)  # (estimate, actual)
+        # Calibration: what the estimated part of each prediction turned out to be.
+        self._calibrate = calibrate
+        self._predicted_since: tuple[int, int] | None = None  # (anchor, raw since) at call start
+        self._residuals: deque[tuple[int, int]] = deque(maxlen=_CALIBRATION_SAMPLES)
+        self._correction = 1.0
         self._calls = 0
         # observe(): per-call figures out of cumulative stream.usage reports
         self._cumulative: TokenUsage | None = None
@@ -203,7 +221,22 @@ class ContextWindow:
         """Tokens the next call is expected to send: the figure shown and acted on."""
         if self._anchor is None:
             return self._system + self._tools + self._since
-        return self._anchor + self._since
+        return self._anchor + self.added
+
+    @property
+    def added(self) -> int:
+        """The estimate of what went in since the anchor, corrected by what calls showed."""
+        return round(self._since * self._correction)
+
+    @property
+    def correction(self) -> float:
+        """The factor the estimates since the last call are scaled by (1.0 until learned).
+
+        Learned per conversation from the calls that followed an estimate:
+        what each call's input grew by beyond the last actual count, over
+        what busd had estimated for that growth (docs/accounting.md).
+        """
+        return self._correction
 
     @property
     def estimated(self) -> bool:
@@ -257,7 +290,8 @@ class ContextWindow:
             last_input=last_input,
             last_output=self._last_output,
             reported=self._reported,
-            added=self._since,
+            added=self.added,
+            estimate_correction=self._correction,
             cache_read=cache_read,
             cache_write=cache_write,
             cache_hit_percent=(100.0 * cache_read / last_input) if last_input else None,
@@ -332,6 +366,8 @@ class ContextWindow:
         before the actual count arrived.
         """
         self._prediction = self.used
+        if self._anchor is not None and self._actual:
+            self._predicted_since = (self._anchor, self._since)
 
     def record_call(self, usage: TokenUsage, *, update: bool = False) -> None:
         """The provider's count of one call; it becomes the new anchor.
@@ -345,7 +381,9 @@ class ContextWindow:
             predicted = self._prediction if self._prediction is not None else self.used
             if predicted > 0:  # nothing shown, nothing to grade
                 self._errors.append((predicted, actual_input))
+            self._learn(actual_input)
         self._prediction = None
+        self._predicted_since = None
         self._last_input = actual_input
         self._last_output = usage.output_tokens
         self._last_cache = (usage.cache_read_tokens, usage.cache_write_tokens)
@@ -353,6 +391,19 @@ class ContextWindow:
         self._anchor = actual_input + usage.output_tokens
         self._actual = True
         self._since = 0
+
+    def _learn(self, actual_input: int) -> None:
+        """One more sample of how the estimated growth compared with the actual one."""
+        basis = self._predicted_since
+        if basis is None or not self._calibrate:
+            return
+        anchor, estimated = basis
+        if estimated < _CALIBRATION_MIN_TOKENS:  # too little was estimated to learn from
+            return
+        self._residuals.append((max(0, actual_input - anchor), estimated))
+        actual = sum(a for a, _ in self._residuals)
+        guessed = sum(e for _, e in self._residuals)
+        self._correction = min(_CALIBRATION_MAX, max(_CALIBRATION_MIN, actual / guessed))
 
     def observe_reported(self, window: int | None, used: int) -> None:
         """A provider's own view of the window (e.g. Copilot usage info); it wins."""
@@ -496,6 +547,7 @@ class ContextRegistry:
     """
 
     __slots__ = (
+        "_calibrate",
         "_evicted",
         "_last",
         "_max",
@@ -515,9 +567,11 @@ class ContextRegistry:
         models: ModelWindows | None = None,
         threshold: float = 0.8,
         max_windows: int = 1024,
+        calibrate: bool = True,
     ) -> None:
         if max_windows < 1:
             raise ValueError("max_windows must be at least 1")
+        self._calibrate = calibrate
         self._window = window
         self._window_for = window_for
         self._models = models
@@ -562,10 +616,15 @@ class ContextRegistry:
             pinned = self._pinned.get(session_id)
             if pinned is not None:
                 found = ContextWindow(
-                    pinned.window, reserve=pinned.reserve, threshold=self._threshold
+                    pinned.window,
+                    reserve=pinned.reserve,
+                    threshold=self._threshold,
+                    calibrate=self._calibrate,
                 )
             else:
-                found = ContextWindow(self._window, threshold=self._threshold)
+                found = ContextWindow(
+                    self._window, threshold=self._threshold, calibrate=self._calibrate
+                )
         windows[key] = found
         self._last = (key, found)
         return found

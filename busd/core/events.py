@@ -145,7 +145,9 @@ class ContextBasis(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     reported: int | None = None
     """The provider's own figure, when it reported the window state since the last call."""
     added: int = 0
-    """Estimated tokens added since (new messages, tool results, partial output)."""
+    """Estimated tokens added since (new messages, tool results, partial output), corrected."""
+    estimate_correction: float = 1.0
+    """The factor ``added`` was scaled by, learned from this conversation's earlier calls."""
     cache_read: int = 0
     cache_write: int = 0
     cache_hit_percent: float | None = None
