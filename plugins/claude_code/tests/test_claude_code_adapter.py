@@ -256,11 +256,13 @@ def test_repeated_lines_are_dropped_as_duplicates() -> None:
 def test_adapter_is_found_through_the_busd_entry_point_group() -> None:
     points = importlib.metadata.entry_points(group="busd")
     (point,) = [p for p in points if p.name == "claude-code"]
-    (adapter,) = point.load().busd_adapters()
+    adapter, transcripts = point.load().busd_adapters()
     assert isinstance(adapter, Adapter)
     assert adapter.name == "claude-code"
     assert isinstance(adapter.translator(), ClaudeCodeTranslator)
-    assert [a.name for a in busd_adapters()] == ["claude-code"]
+    assert isinstance(transcripts, Adapter)
+    assert transcripts.name == "claude-code-transcript"  # Claude Code's own transcripts
+    assert [a.name for a in busd_adapters()] == ["claude-code", "claude-code-transcript"]
 
 
 # -- hand-made lines -----------------------------------------------------------------
