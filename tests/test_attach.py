@@ -25,7 +25,7 @@ from busd.core.events import TextComplete, TurnEnd
 from busd.daemon.hub import DaemonConfig
 from busd.plugins.manager import PluginManager
 
-from .daemon_helpers import running_daemon
+from .daemon_helpers import BUSD, running_daemon, serving
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sdk"
 
@@ -133,3 +133,20 @@ def test_an_unusable_state_dir_is_a_one_line_error(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert result.stderr.startswith(f"busd: cannot use {blocker / 'state'} for resume points: ")
+
+
+async def test_an_attacher_that_cannot_start_is_a_one_line_error(tmp_path: Path) -> None:
+    if "claude-code" not in _plugins().attachers():
+        pytest.skip("the claude-code plugin is not installed")
+    path = tmp_path / "bus.sock"
+    where = ["--dir", str(tmp_path / "nowhere"), "--state-dir", str(tmp_path / "state")]
+    async with serving(path):
+        result = await trio.run_process(
+            [*BUSD, "attach", "claude-code", "--socket", str(path), "--once", *where],
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 2
+    said = result.stderr.decode()
+    assert said.startswith("busd: no Claude Code transcripts: "), said
+    assert len(said.splitlines()) == 1, said

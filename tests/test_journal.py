@@ -48,7 +48,9 @@ from busd.core.events import (
     Usage,
 )
 from busd.core.ids import new_event_id
-from busd.core.sessions import SessionRegistry
+from busd.core.sessions import SessionRegistry, SessionState
+from busd.core.usage import add_usage
+from busd.daemon import journalrows
 from busd.daemon.batching import BatchDispatcher
 from busd.daemon.config import ConfigError, FileConfig, load_config
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
@@ -1189,3 +1191,31 @@ async def test_a_stuck_disk_holds_publishers_back_only_for_a_while(
     assert sorted(
         {r[0] for r in page.rows} | {s for a, b in page.lost for s in range(a, b + 1)}
     ) == list(range(1, head + 1))
+
+
+def test_the_sessions_table_keeps_the_per_model_breakdown(tmp_path: Path) -> None:
+    """`busd sessions --json` shows what each model used, after the daemon is gone (issue 21)."""
+    path = tmp_path / "journal.sqlite3"
+    sonnet = TokenUsage(input_tokens=10, output_tokens=100, cache_read_tokens=5)
+    haiku = TokenUsage(input_tokens=3, output_tokens=7)
+    state = SessionState("s1", 1, 1.0)
+    state.usage = add_usage(sonnet, haiku)
+    state.usage_by_model = {"claude-sonnet-4-5": sonnet, "claude-haiku-4-5": haiku}
+    journal = JournalFile.open(path)
+    try:
+        journal.write([], [], [journalrows.session_row(state)], head=1, reserved=1)
+    finally:
+        journal.close()
+    with JournalReader(path) as reader:
+        [record] = reader.sessions()
+    assert record.usage == add_usage(sonnet, haiku)
+    assert record.usage_by_model == state.usage_by_model
+
+
+def test_a_usage_column_without_a_breakdown_reads_as_an_empty_one() -> None:
+    """Journals written before the breakdown was stored (and by other busds) still read."""
+    old = msgspec.json.encode(TokenUsage(input_tokens=1, output_tokens=2))
+    total, by_model = journalrows._usage(old)
+    assert (total, by_model) == (TokenUsage(input_tokens=1, output_tokens=2), {})
+    new = journalrows._usage_blob(TokenUsage(output_tokens=2), {"m": TokenUsage(output_tokens=2)})
+    assert msgspec.json.decode(new, type=TokenUsage) == TokenUsage(output_tokens=2)  # old readers

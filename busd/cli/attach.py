@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
 import msgspec
 import trio
 
-from ..client import Client, ConnectionLost, NotJournaled, RequestFailed
+from ..client import Client, ConnectionLost, DaemonNotRunning, NotJournaled, RequestFailed
 from ..client import connect as busd_connect
+from ..core.errors import BusdError
 from ..plugins.attachers import Attacher, AttachOptions
 from ..plugins.manager import PluginManager
 from ..wire import Ingest
@@ -142,32 +143,73 @@ def attach(
     if attacher is None:
         known = ", ".join(sorted(attachers)) or "none"
         fail(f"no attacher {name!r} is installed (installed: {known})", 2)
-    path = resolve_socket(socket_path)
     state = state_dir or default_state_dir(name)
     try:
         state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"cannot use {state} for resume points: {exc.strerror or exc}", 2)
+    path = resolve_socket(socket_path)
     options = AttachOptions(state_dir=state, once=once, url=url, directory=directory)
 
     async def run() -> int:
         backoff = 0.5
+        lost = False  # once connected, a daemon that is away is waited for
         while True:
             try:
-                return await _attach_once(path, attacher, options)
-            except ConnectionLost as exc:
-                if once or exc.reason == "forbidden":
+                return await _attach_once(path, attacher, options, on_connect=mark_connected)
+            except (ConnectionLost, DaemonNotRunning) as exc:
+                forbidden = isinstance(exc, ConnectionLost) and exc.reason == "forbidden"
+                if once or forbidden or not (lost or connected):
                     raise
-                click.echo(f"busd: lost the daemon ({exc}); reconnecting", err=True)
+                if not lost:
+                    click.echo(f"busd: lost the daemon ({exc}); reconnecting", err=True)
+                lost = True
+            except BusdError as exc:  # the attacher cannot go on: no such directory...
+                fail(str(exc), 2)
             await trio.sleep(backoff)  # the daemon restarting: resume points say where to go on
             backoff = min(backoff * 2, 10.0)
+
+    connected = False
+
+    def mark_connected() -> None:
+        nonlocal connected
+        connected = True
 
     run_client(run)
 
 
-async def _attach_once(path: Path, attacher: Attacher, options: AttachOptions) -> int:
-    """One connection's worth of attaching; returns the exit code when done or stopped."""
+async def _attach_once(
+    path: Path,
+    attacher: Attacher,
+    options: AttachOptions,
+    *,
+    on_connect: Callable[[], None] = lambda: None,
+) -> int:
+    """One connection's worth of attaching; returns the exit code when done or stopped.
+
+    A lone error out of the attacher's nursery is raised as itself, so the
+    caller can tell a lost daemon from an attacher that cannot go on.
+    """
+    try:
+        return await _attach_connected(path, attacher, options, on_connect)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+async def _attach_connected(
+    path: Path, attacher: Attacher, options: AttachOptions, on_connect: Callable[[], None]
+) -> int:
     async with busd_connect(path, client=f"busd-attach-{attacher.name}", role="agent") as client:
+        on_connect()
         sink = ClientSink(client, max_frame=client.limits.max_frame)
         stopped = False
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

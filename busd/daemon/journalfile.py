@@ -22,17 +22,28 @@ import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, TypeAlias
 
 import msgspec
 
 from ..core.errors import BusdError
-from ..core.events import ContextUsage, Envelope, Event, StreamingStats, TokenUsage
-from ..core.sessions import SessionState, SessionStatus, SessionSummary
+from ..core.events import Envelope, Event
 from .journalcheck import Damaged, quick_check
 from .journallock import JournalLock, LockHeld
+from .journalrows import (
+    _SCHEMA,
+    _SESSION_COLUMNS,
+    _UPSERT_SESSION,
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    SessionRecord,
+    SessionRow,
+    _chunks,
+    _insert_events,
+    _record,
+    session_row,
+)
 from .journalunits import parse_duration, parse_size
 
 __all__ = [
@@ -55,11 +66,6 @@ __all__ = [
     "session_row",
 ]
 
-SCHEMA_VERSION: Final = 1
-"""``PRAGMA user_version`` of the files this busd writes; it refuses newer ones."""
-APPLICATION_ID: Final = 0x62757364
-"""``PRAGMA application_id``: "busd", so a stranger's SQLite file is not mistaken for ours."""
-
 DEFAULT_MAX_AGE: Final = 30 * 86_400.0
 DEFAULT_MAX_SIZE: Final = 1 << 30
 
@@ -81,164 +87,6 @@ class Retention:
     """Seconds: events accepted longer ago are removed."""
     max_size: int | None = DEFAULT_MAX_SIZE
     """Bytes of database (the WAL aside): the oldest events go while it is over."""
-
-
-# -- what is stored --------------------------------------------------------------
-
-_SCHEMA = f"""
-BEGIN;
-CREATE TABLE events (
-    seq INTEGER PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    ts REAL NOT NULL,
-    session_id TEXT,
-    run_id TEXT,
-    type TEXT NOT NULL,
-    stale INTEGER NOT NULL,
-    envelope BLOB NOT NULL
-);
-CREATE INDEX events_by_session ON events (session_id, seq) WHERE session_id IS NOT NULL;
-CREATE TABLE lost (
-    from_seq INTEGER PRIMARY KEY,
-    to_seq INTEGER NOT NULL,
-    reason TEXT NOT NULL
-);
-CREATE TABLE sessions (
-    session_id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    title TEXT,
-    model TEXT,
-    adapter TEXT,
-    cwd TEXT,
-    parent_session_id TEXT,
-    run_id TEXT,
-    error TEXT,
-    first_seq INTEGER NOT NULL,
-    last_seq INTEGER NOT NULL,
-    first_ts REAL NOT NULL,
-    last_ts REAL NOT NULL,
-    events INTEGER NOT NULL,
-    usage BLOB,
-    stats BLOB,
-    context BLOB
-);
-CREATE INDEX sessions_by_last_seq ON sessions (last_seq);
-CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-INSERT INTO meta VALUES ('head', 0), ('reserved', 0), ('floor', 0), ('events', 0);
-PRAGMA application_id = {APPLICATION_ID};
-PRAGMA user_version = {SCHEMA_VERSION};
-COMMIT;
-"""
-
-_ROWS_PER_INSERT = 256  # events per INSERT statement (8 parameters each)
-
-
-@cache
-def _insert_events(rows: int) -> str:
-    return "INSERT OR IGNORE INTO events VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
-
-
-def _chunks(count: int) -> Iterator[int]:
-    """Statement sizes for ``count`` rows: 256s, then powers of two (few distinct statements)."""
-    while count >= _ROWS_PER_INSERT:
-        yield _ROWS_PER_INSERT
-        count -= _ROWS_PER_INSERT
-    size = _ROWS_PER_INSERT
-    while count:
-        size //= 2
-        if count >= size:
-            yield size
-            count -= size
-
-
-_SESSION_COLUMNS = (
-    "session_id, status, title, model, adapter, cwd, parent_session_id, run_id, error, "
-    "first_seq, last_seq, first_ts, last_ts, events, usage, stats, context"
-)
-_UPSERT_SESSION = f"""
-INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES ({", ".join("?" * 17)})
-ON CONFLICT (session_id) DO UPDATE SET
-    status = excluded.status, title = excluded.title, model = excluded.model,
-    adapter = excluded.adapter, cwd = excluded.cwd,
-    parent_session_id = excluded.parent_session_id, run_id = excluded.run_id,
-    error = excluded.error, first_seq = min(first_seq, excluded.first_seq),
-    last_seq = excluded.last_seq, first_ts = min(first_ts, excluded.first_ts),
-    last_ts = excluded.last_ts, events = max(events, excluded.events),
-    usage = excluded.usage, stats = excluded.stats, context = excluded.context
-"""
-
-_json = msgspec.json.Encoder()
-
-
-def _blob(value: msgspec.Struct | None) -> bytes | None:
-    return None if value is None else _json.encode(value)
-
-
-SessionRow: TypeAlias = tuple[Any, ...]
-
-
-def session_row(state: SessionState) -> SessionRow:
-    """The ``sessions`` row of a live session."""
-    return (
-        state.session_id,
-        state.status,
-        state.title,
-        state.model,
-        state.adapter,
-        state.cwd,
-        state.parent_session_id,
-        state.run_id,
-        state.error,
-        state.first_seq,
-        state.last_seq,
-        state.first_ts,
-        state.last_ts,
-        state.events,
-        _blob(state.usage),
-        _blob(state.stats),
-        _blob(state.context),
-    )
-
-
-class SessionRecord(SessionSummary, frozen=True, kw_only=True, omit_defaults=True):
-    """A journaled session: its summary as last written, its final stats and context.
-
-    ``truncated`` is true when retention has removed its oldest events.
-    """
-
-    stats: StreamingStats | None = None
-    context: ContextUsage | None = None
-    truncated: bool = False
-
-
-_usage_decoder = msgspec.json.Decoder(TokenUsage)
-_stats_decoder = msgspec.json.Decoder(StreamingStats)
-_context_decoder = msgspec.json.Decoder(ContextUsage)
-
-
-def _record(row: Sequence[Any], floor: int) -> SessionRecord:
-    (sid, status, title, model, adapter, cwd, parent, run_id, error) = row[:9]
-    first_seq, last_seq, first_ts, last_ts, events, usage, stats, context = row[9:]
-    return SessionRecord(
-        session_id=sid,
-        status=cast(SessionStatus, status if status in ("active", "idle", "error") else "idle"),
-        title=title,
-        model=model,
-        adapter=adapter,
-        cwd=cwd,
-        parent_session_id=parent,
-        run_id=run_id,
-        error=error,
-        first_seq=first_seq,
-        last_seq=last_seq,
-        first_ts=first_ts,
-        last_ts=last_ts,
-        events=events,
-        usage=None if usage is None else _usage_decoder.decode(usage),
-        stats=None if stats is None else _stats_decoder.decode(stats),
-        context=None if context is None else _context_decoder.decode(context),
-        truncated=first_seq <= floor,
-    )
 
 
 # -- opening a file ----------------------------------------------------------------

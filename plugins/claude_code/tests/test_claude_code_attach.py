@@ -480,10 +480,14 @@ async def _written(path: Path) -> None:
 
 
 async def _assert_parity(sock: Path, journal: Path, config: Path, home: Path) -> None:
-    """``busd sessions --json`` and the daemon's breakdown equal ccusage's, model by model."""
+    """``busd sessions --json`` (the journal) equals ccusage's, model by model."""
     report = await _ccusage(config, home)
     records = json.loads(await _run(*BUSD, "sessions", "--journal", str(journal), "--json"))
-    by_session = await _busd_models(sock)
+    by_session = {
+        r["session_id"]: msgspec.convert(r.get("usage_by_model", {}), dict[str, TokenUsage])
+        for r in records
+    }
+    assert by_session == await _busd_models(sock)  # the journal keeps what the daemon shows
     assert {r["session_id"] for r in records} == _sessions_in(config)
     models: dict[str, TokenUsage] = {}
     total = TokenUsage(cost_usd=0.0)
