@@ -300,14 +300,25 @@ class _Run:
     # -- the stream -------------------------------------------------------------------
 
     async def _read(self, raws: AsyncIterator[object]) -> None:
-        async for raw in raws:
-            if isinstance(raw, Mapping):
-                self._on_event(raw)
-                if self.idle:
-                    return
-        self._error = self._error or OpenCodeRunError(
-            f"the event stream of session {self.sid} ended before it went idle"
-        )
+        """Feed the stream until the session is idle.
+
+        The stream is the SDK's chain of async generators (over httpx's); one
+        left suspended is collected later with a ResourceWarning for each
+        link. So at the idle the read is not left by ``return``: it is
+        cancelled, and the cancellation, raised where the chain waits for the
+        server, ends every link on its way out (events already buffered are
+        read past).
+        """
+        with trio.CancelScope() as done:
+            async for raw in raws:
+                if isinstance(raw, Mapping) and not done.cancel_called:
+                    self._on_event(raw)
+                    if self.idle:
+                        done.cancel()
+        if not self.idle:
+            self._error = self._error or OpenCodeRunError(
+                f"the event stream of session {self.sid} ended before it went idle"
+            )
 
     def _on_event(self, raw: Mapping[str, Any]) -> None:
         kind = raw.get("type")

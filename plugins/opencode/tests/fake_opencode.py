@@ -240,8 +240,10 @@ class FakeOpenCode:
 
 
 async def _until_hang_up(stream: trio.SocketStream, scope: trio.CancelScope) -> None:
-    while await stream.receive_some():  # b"" once the client hangs up
-        pass
+    """Until the client hangs up: ``b""``, or a reset (it closed with our events unread)."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while await stream.receive_some():
+            pass
     scope.cancel()
 
 
