@@ -21,12 +21,13 @@ DEADLINE = 60.0
 UNTIL_FINISHED = ("--until", "busd.run.finished", "--timeout", "30")
 
 # What each recorded run ends with: the provider's exact output count
-# (tests/fixtures/sdk/README.md); ACP reports no output tokens.
+# (tests/fixtures/sdk/README.md); ACP reports no output tokens, so its run keeps
+# busd's estimate of them, marked `~`.
 SUMMARIES = {
     "claude_code": "↓ 231 tokens",
     "copilot": "↓ 110 tokens",
     "opencode": "↓ 161 tokens",
-    "acp": "✻ Worked for",
+    "acp": "· ↓ ~",
 }
 
 

@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from busd.core.events import StreamingStats
-from busd.frontends.humanize import format_duration, format_tokens, status_line, summary_line
+from busd.frontends.humanize import (
+    format_duration,
+    format_tokens,
+    format_took,
+    status_line,
+    summary_line,
+)
 
 
 @pytest.mark.parametrize(
@@ -123,3 +129,11 @@ def test_summary_line_matches_the_reference_example() -> None:
 def test_summary_line_without_tokens_or_thinking() -> None:
     assert summary_line(StreamingStats(elapsed_s=3725)) == "✻ Worked for 1h 02m"
     assert summary_line(StreamingStats(elapsed_s=1), glyph="") == "Worked for 1s"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "<1s"), (0.4, "<1s"), (0.999, "<1s"), (1.0, "1s"), (65, "1m 05s"), (-1, "<1s")],
+)
+def test_format_took_says_under_a_second_rather_than_zero(seconds: float, text: str) -> None:
+    assert format_took(seconds) == text

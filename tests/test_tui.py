@@ -31,14 +31,8 @@ from busd.core.events import (
     ToolStart,
     TurnStart,
 )
-from busd.frontends.tui import (
-    PlainLog,
-    Screen,
-    input_summary,
-    render_session,
-    session_line,
-    tool_duration,
-)
+from busd.frontends.screen import Screen, session_line
+from busd.frontends.tui import PlainLog, input_summary, render_session, tool_duration
 from busd.frontends.view import Views
 from busd.frontends.watch import HELP, Cancel, Quit, Reply, WatchState, _refusal, parse_keys
 
@@ -273,9 +267,10 @@ def test_the_screen_lists_sessions_and_keeps_the_newest_lines_of_the_focused_one
     assert len(rows) == 29  # a line to spare, so the terminal never scrolls
     assert rows[0] == "busd watch · 2 sessions"
     assert rows[1] == "  s1  first · claude-code"
-    assert rows[2] == "▸ s2  second · copilot  ⚠ 1 permission waiting"
-    assert rows[-2] == "hello"
-    assert " y  allow   a  allow always   n  deny   c  cancel run " in rows[-1]
+    assert rows[2] == "▸ s2  second · copilot     ⚠ 1 permission waiting"  # states line up
+    assert rows[-3] == "hello"
+    assert rows[-2] == " y  allow   a  allow always   n  deny   c  cancel run   Tab ] [  session"
+    assert rows[-1] == " ↑↓ PgUp PgDn Home End  scroll   q  quit"  # wrapped between two keys
     body = "\n".join(rows)
     assert "the end" in body
     assert "[y] allow  [a] allow always  [n] deny" in body
@@ -360,7 +355,16 @@ def test_plain_status_lines_come_when_they_change_at_most_once_a_second() -> Non
 def test_keys_are_parsed_with_escape_sequences_taken_whole() -> None:
     assert parse_keys(b"y\t]") == ["y", "tab", "]"]
     assert parse_keys(b"\x1b[Z[") == ["backtab", "["]
-    assert parse_keys(b"\x1b[A\x1b[C\x1bOPq") == ["right", "q"]
+    assert parse_keys(b"\x1b[A\x1b[C\x1bOPq") == ["up", "right", "q"]  # F1 is dropped
+    assert parse_keys(b"\x1b[5~\x1b[6~\x1b[H\x1b[F\x1b[1~\x1b[4~\x1bOB") == [
+        "pageup",
+        "pagedown",
+        "home",
+        "end",
+        "home",
+        "end",
+        "down",
+    ]
     assert parse_keys(b"\x1b") == ["escape"]
     assert parse_keys(b"\r\x00") == ["enter"]
 
@@ -390,7 +394,6 @@ def test_permission_keys_answer_the_oldest_request_of_the_focused_session() -> N
     assert state.action_for("a", feed.views, 0) is None
     assert state.current_message(1.0) == "Write: this request offers no “allow always”"
     assert state.current_message(100.0) is None
-    assert state.action_for("c", feed.views, 0) == Cancel(run_id="run-1", session_id="s1")
     assert state.action_for("q", feed.views, 0) == Quit()
 
 

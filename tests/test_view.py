@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import pytest
@@ -311,3 +311,125 @@ def test_a_tool_left_running_when_its_run_ends_stops_its_timer() -> None:
     left, done = feed.view.main.blocks
     assert (left.status, left.elapsed(T0 + 100)) == ("cancelled", 3.0)
     assert done.status == "ok"
+
+
+# -- tool timers: the tool's own run time, whatever the adapter -----------------------
+
+
+def asked(feed: Feed, call: str, at: float) -> None:
+    feed(at, PermissionRequested(request_id=f"r-{call}", tool="Write", tool_call_id=call))
+
+
+def answered(
+    feed: Feed, call: str, at: float, outcome: Literal["allowed", "denied"] = "allowed"
+) -> None:
+    feed(at, PermissionResolved(request_id=f"r-{call}", outcome=outcome, by="me"))
+
+
+@pytest.mark.parametrize(
+    ("adapter", "sdk_duration", "expected"),
+    [
+        # What each adapter reported in the bundled recordings with a 3 s wait for the
+        # answer (asked at 0.3, answered at 3.3, completed at 4.9):
+        ("claude-code", 4.88, 1.6),  # measured from the call: the wait is in it
+        ("opencode", 5.111, 1.6),  # OpenCode's time.start..end: the wait is in it
+        ("copilot", 0.23, 0.23),  # the SDK's own execution time: no wait in it
+        ("acp", 1.01, 1.01),  # measured from the tool's in_progress update
+        ("none", None, 1.6),  # no figure: the bus's clock, from the answer
+    ],
+)
+def test_a_tool_that_asked_times_from_the_answer(
+    adapter: str, sdk_duration: float | None, expected: float
+) -> None:
+    feed = Feed()
+    feed(0, ToolStart(tool_call_id="t1", name="Write"))
+    asked(feed, "t1", 0.3)
+    tool = feed.view.main.blocks[0]
+    assert tool.waiting
+    assert tool.elapsed(T0 + 2.0) == 0  # waiting for a person is not the tool's time
+    answered(feed, "t1", 3.3)
+    assert not tool.waiting
+    assert tool.waited_s == pytest.approx(3.3)
+    assert tool.elapsed(T0 + 4.0) == pytest.approx(0.7)  # its timer runs from the answer
+    feed(4.9, ToolComplete(tool_call_id="t1", duration_s=sdk_duration))
+    assert tool.duration_s == pytest.approx(expected), adapter
+
+
+def test_a_tool_that_asked_nothing_keeps_the_sdks_figure_or_the_bus_clock() -> None:
+    feed = Feed()
+    feed(0, ToolStart(tool_call_id="t1", name="Bash"))
+    feed(2, ToolComplete(tool_call_id="t1", duration_s=2.5))  # the SDK knows better
+    feed(3, ToolStart(tool_call_id="t2", name="Bash"))
+    feed(4.5, ToolComplete(tool_call_id="t2"))
+    first, second = feed.view.main.blocks
+    assert (first.duration_s, first.waited_s, second.duration_s) == (2.5, None, 1.5)
+
+
+def test_a_request_shown_before_its_tool_call_is_linked_to_it() -> None:
+    feed = Feed()
+    asked(feed, "t1", 0)
+    feed(0.1, ToolStart(tool_call_id="t1", name="Write"))
+    assert feed.view.main.blocks[1].waiting
+    answered(feed, "t1", 2)
+    feed(2.5, ToolComplete(tool_call_id="t1", duration_s=2.5))
+    assert feed.view.main.blocks[1].duration_s == pytest.approx(0.5)
+    asked(feed, "t2", 3)
+    answered(feed, "t2", 4)
+    feed(5, ToolStart(tool_call_id="t2", name="Write"))  # answered before it showed
+    feed(5.5, ToolComplete(tool_call_id="t2", duration_s=9))
+    tool = feed.view.main.blocks[-1]
+    assert (tool.waiting, tool.duration_s) == (False, 0.5)
+
+
+def test_a_denied_or_abandoned_tool_did_not_run() -> None:
+    feed = Feed()
+    feed(0, RunStarted(adapter="acp"), run_id="r")
+    feed(0, ToolStart(tool_call_id="t1", name="rm"), run_id="r")
+    asked(feed, "t1", 0.1)
+    answered(feed, "t1", 5, outcome="denied")
+    feed(5.01, ToolComplete(tool_call_id="t1", status="error", error="denied"), run_id="r")
+    feed(6, ToolStart(tool_call_id="t2", name="rm"), run_id="r")
+    asked(feed, "t2", 6.1)
+    feed(9, RunFinished(status="cancelled", duration_s=9), run_id="r")
+    denied, abandoned = (b for b in feed.view.main.blocks if isinstance(b, ToolBlock))
+    assert denied.duration_s == pytest.approx(0.01)
+    assert (abandoned.status, abandoned.duration_s, abandoned.waiting) == ("cancelled", 0, False)
+
+
+# -- a run whose provider reports no output count (ACP) -------------------------------
+
+
+def test_a_finished_acp_run_keeps_its_estimated_count() -> None:
+    """ACP's usage_update has no output tokens: the run's count is busd's estimate."""
+    feed = Feed()
+    feed(0, RunStarted(adapter="acp", prompt="write okra"), run_id="r1")
+    feed(5, StreamingStats(elapsed_s=5, output_tokens=42, output_estimated=True), run_id="r1")
+    feed(17, RunFinished(status="ok", duration_s=17.0, thinking_s=3.2), run_id="r1")
+    assert feed.view.summary_line() == "✻ Worked for 17s · ↓ ~42 tokens · thought for 3s"
+    # a second run of the session counts its own output, not the session's
+    feed(20, RunStarted(adapter="acp", prompt="again"), run_id="r2")
+    feed(22, StreamingStats(elapsed_s=19, output_tokens=89, output_estimated=True), run_id="r2")
+    feed(23, RunFinished(status="ok", duration_s=3.0), run_id="r2")
+    assert feed.view.summary_line() == "✻ Worked for 3s · ↓ ~47 tokens"
+    # a provider's exact count, when there is one, wins
+    feed(30, RunStarted(adapter="acp", prompt="third"), run_id="r3")
+    feed(31, RunFinished(status="ok", duration_s=1.0, usage=TokenUsage(output_tokens=45)))
+    assert feed.view.summary_line() == "✻ Worked for 1s · ↓ 45 tokens"
+
+
+def test_the_view_snapshot_keeps_its_keys() -> None:
+    """busd web reads these: new keys may come, none may go."""
+    feed = Feed()
+    feed(0, RunStarted(adapter="x", prompt="go"), run_id="r")
+    feed(0.1, ToolStart(tool_call_id="t", name="Write"), run_id="r")
+    asked(feed, "t", 0.2)
+    data = feed.view.snapshot(T0 + 1)
+    assert {
+        "session_id", "title", "model", "cwd", "adapter", "run_id", "run_status",
+        "cancelled_by", "busy", "stats", "stats_ts", "usage", "context", "finished",
+        "last_seq", "main", "agents", "status_line", "summary_line", "context_line", "now",
+    } <= set(data)  # fmt: skip
+    tool, request = data["main"]["blocks"][1:]
+    assert tool["waiting"] is True
+    assert tool["waited_s"] is None
+    assert request["tool_call_id"] == "t"

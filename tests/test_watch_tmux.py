@@ -104,14 +104,17 @@ class Tmux:
         )
         return result.stdout.decode()
 
-    async def start(self, session: str, argv: list[str]) -> None:
-        """Run ``argv`` in a 120x40 pane; when it exits, say how and keep the pane."""
-        command = (
-            f"env TERM=xterm-256color {shlex.join(argv)}; "
+    async def start(
+        self, session: str, argv: list[str], *, width: int = 120, height: int = 40
+    ) -> None:
+        """Run ``argv`` in a pane of this size; when it exits, say how and keep the pane."""
+        command = (  # COLUMNS and LINES from the test run would win over the pane's size
+            f"env -u COLUMNS -u LINES TERM=xterm-256color {shlex.join(argv)}; "
             f'echo "[exited $?]"; {shlex.join([sys.executable, "-c", TTY_STATE])}; '
             "exec sleep 3600"
         )
-        await self.run("new-session", "-d", "-s", session, "-x", "120", "-y", "40", command)
+        size = ["-x", str(width), "-y", str(height)]
+        await self.run("new-session", "-d", "-s", session, *size, command)
 
     async def screen(self, session: str) -> str:
         return await self.run("capture-pane", "-p", "-t", session)
@@ -166,7 +169,7 @@ async def test_two_watchers_see_one_answer_and_the_same_exact_summary(
             assert "/home/u/proj/tmp/hello-allow.txt" in screen  # the input summary
             assert f"▸ {run['session_id']}" in screen
             assert "∴ Thought for" in screen
-            assert "⏺ Write(/home/u/proj/tmp/hello-allow.txt)  ⋯ running" in screen
+            assert "⏺ Write(/home/u/proj/tmp/hello-allow.txt)  ⋯ waiting for permission" in screen
         await tmux.keys("A", "y")
         for name in both:
             screen = await tmux.wait_for(
@@ -183,15 +186,22 @@ async def test_two_watchers_see_one_answer_and_the_same_exact_summary(
             "B", "refusal", lambda s: "no permission request waiting in this session" in s
         )
 
-        # A second run: the focus follows it, and B's `c` cancels it for everyone.
+        # A second run: B's focus follows it; A answered, so its focus stays where A is
+        # until A moves it. B's `c` cancels the run for everyone.
         second = await start_replay(client, speed=1.0)
-        for name in both:
-            await tmux.wait_for(
-                name, "second run", lambda s: f"▸ {second['session_id']}" in s and "✶" in s
-            )
-        await tmux.keys("B", "c")
+        await tmux.wait_for(
+            "B", "second run", lambda s: f"▸ {second['session_id']}" in s and "✶" in s
+        )
+        screen = await tmux.wait_for("A", "second run", lambda s: second["session_id"] in s)
+        assert f"▸ {run['session_id']}" in screen
+        await tmux.keys("A", "Tab")
+        await tmux.wait_for("A", "the switch", lambda s: f"▸ {second['session_id']}" in s)
+        await tmux.keys("B", "c")  # it asks first
+        await tmux.wait_for("B", "question", lambda s: f"cancel {second['run_id']}? c or y" in s)
+        await tmux.keys("B", "y")
         for name in both:
             await tmux.wait_for(name, "cancellation", lambda s: "⊘ cancelled by B" in s)
+        await tmux.wait_for("B", "the note gone", lambda s: "cancelling" not in s)
 
         for name in both:
             await tmux.keys(name, "q")

@@ -30,9 +30,23 @@ import pytest
 import trio
 
 from busd.client import Client, connect
-from busd.core.events import Envelope, Event, PermissionResolved, TextDelta
+from busd.core.events import (
+    Envelope,
+    Event,
+    PermissionRequested,
+    PermissionResolved,
+    RunFinished,
+    RunStarted,
+    SessionIdle,
+    SessionTitleChanged,
+    StreamingStats,
+    TextDelta,
+    ToolStart,
+)
 from busd.daemon.hub import DaemonConfig
-from busd.frontends.web import Browser, WebBridge, serve_web
+from busd.frontends.tui import PlainLog
+from busd.frontends.view import Views
+from busd.frontends.web import Browser, WebBridge, page_view, serve_web
 from busd.plugins.manager import PluginManager
 
 from .daemon_helpers import running_daemon
@@ -539,6 +553,83 @@ def test_a_restarted_daemon_starts_the_views_afresh() -> None:
     assert list(bridge.views.sessions) == ["new"]
     data, _ = bridge.frame(browser)
     assert data.startswith(b"event: snapshot\n")
+
+
+# -- what the page shows of a view -----------------------------------------------------
+
+
+def fold(*events: Event, run_id: str | None = "run-1") -> Views:
+    views = Views()
+    for seq, event in enumerate(events, 1):
+        views.apply(Envelope(seq=seq, ts=1000.0 + seq, session_id="s", run_id=run_id, event=event))
+    return views
+
+
+WRITE = {"content": "okra", "filePath": "/tmp/p4/p4-check.txt"}
+RUN = RunStarted(adapter="acp", prompt="Write okra\nto /tmp/p4/p4-check.txt")
+ASKING = [
+    RUN,
+    ToolStart(tool_call_id="t1", name="write", input=WRITE),
+    PermissionRequested(request_id="run-1/p1", tool="write", input=WRITE),
+]
+
+
+def test_a_tool_call_reads_as_in_the_terminal_not_as_json() -> None:
+    views = fold(*ASKING)
+    data = page_view(views.sessions["s"], 2000.0)
+    (tool,) = blocks(data, "tool")
+    (permission,) = blocks(data, "permission")
+    assert tool["summary"] == permission["summary"] == "/tmp/p4/p4-check.txt"
+    # What busd watch prints for the same call is the page's `name(summary)`.
+    lines = PlainLog().lines(views, ["s"], 2000.0)
+    assert f"[s] ⏺ {tool['name']}({tool['summary']})" in lines
+    assert "[s] ⏺ write(/tmp/p4/p4-check.txt)" in lines
+    # Inputs without a path or command: the terminal's key=value, never raw JSON.
+    views = fold(ToolStart(tool_call_id="t2", name="bash", input={"cwd": "/tmp/x", "n": 2}))
+    (tool,) = blocks(page_view(views.sessions["s"], 2000.0), "tool")
+    assert tool["summary"] == "cwd=/tmp/x, n=2"
+
+
+STATS = StreamingStats(elapsed_s=3.0, output_tokens=12)
+
+
+@pytest.mark.parametrize(
+    ("events", "state"),
+    [
+        ([RUN], "running"),
+        (ASKING, "waiting"),
+        ([RUN, RunFinished(status="ok", duration_s=2.0)], "done"),
+        ([*ASKING, RunFinished(status="cancelled", duration_s=2.0)], "cancelled"),
+        ([RUN, RunFinished(status="error", duration_s=2.0, error="boom")], "failed"),
+        ([RUN, RunFinished(status="timed_out", duration_s=2.0)], "failed"),
+        ([TextDelta(message_id="m", text="hi")], "running"),  # ingested: no run
+        ([TextDelta(message_id="m", text="hi"), STATS, SessionIdle()], "done"),
+        ([SessionTitleChanged(title="t")], "idle"),
+    ],
+    ids=[
+        "running",
+        "waiting",
+        "done",
+        "cancelled",
+        "failed",
+        "timed-out",
+        "busy",
+        "ingested-done",
+        "idle",
+    ],
+)
+def test_a_tab_says_what_its_session_is_doing(events: list[Event], state: str) -> None:
+    run_id = "run-1" if events and events[0] is RUN else None
+    view = fold(*events, run_id=run_id).sessions["s"]
+    assert page_view(view, 2000.0)["state"] == state
+
+
+def test_a_tab_is_named_by_the_title_else_the_first_line_of_the_prompt() -> None:
+    assert page_view(fold(RUN).sessions["s"], 2000.0)["label"] == "Write okra"
+    titled = fold(RUN, SessionTitleChanged(title="Okra file")).sessions["s"]
+    assert page_view(titled, 2000.0)["label"] == "Okra file"
+    ingested = fold(TextDelta(message_id="m", text="hi"), run_id=None).sessions["s"]
+    assert page_view(ingested, 2000.0)["label"] is None  # the page shows the id
 
 
 # -- the command ---------------------------------------------------------------------

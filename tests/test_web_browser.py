@@ -425,6 +425,10 @@ def test_a_read_only_page_shows_the_request_and_no_buttons(workdir: Path) -> Non
                 expect(card).to_have_attribute("data-state", "pending", timeout=DEADLINE * 1000)
                 expect(card.get_by_test_id("permission-read-only")).to_be_visible()
                 expect(card.locator("button")).to_have_count(0)
+                tab = page.locator(
+                    f"[data-testid=session-tab][data-session-id='{run['session_id']}']"
+                )
+                expect(tab.get_by_test_id("tab-state")).to_have_text("waiting for an answer")
                 expect(view.get_by_test_id("run-status")).to_have_text("running")
                 expect(view.get_by_test_id("cancel-run")).to_have_count(0)
             finally:

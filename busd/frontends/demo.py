@@ -5,7 +5,8 @@ bundled recording (Claude Code, Copilot, OpenCode, ACP) with the built-in
 ``replay`` driver, which plays each SDK's raw stream through its real adapter
 with the recorded timing, and attaches ``busd watch`` to it over the socket,
 like any other frontend. Other frontends (``busd watch``, ``busd web``,
-``busd tail``) can attach to the same socket while it runs; it prints how.
+``busd tail``) can attach to the same socket while it runs; it prints how,
+and the live screen keeps saying it in its header.
 
 Permission requests in the recordings wait for an answer, as a live agent's
 would: at a terminal the person watching answers them; otherwise (or with
@@ -31,7 +32,7 @@ from ..core.events import PermissionRequested
 from .local import StartLocal
 from .watch import watch
 
-__all__ = ["BUNDLED", "DemoRun", "bundled_recordings", "run_demo"]
+__all__ = ["BUNDLED", "DemoRun", "attach_hint", "bundled_recordings", "run_demo"]
 
 BUNDLED = ("claude_code", "copilot", "opencode", "acp")
 """The recordings in ``busd/data/recordings``, in the order the demo starts them."""
@@ -129,7 +130,13 @@ async def run_demo(
                         driver="replay",
                         options={"recording": run.name, "speed": speed},
                     )
-            code = await watch(path, plain=plain, exit_when_idle=True, name="busd-demo watch")
+            code = await watch(
+                path,
+                plain=plain,
+                exit_when_idle=True,
+                name="busd-demo watch",
+                header=attach_hint(path),
+            )
             if keep and code == 0:
                 echo(f"busd demo: still serving on {path}; Ctrl-C to stop\n")
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -138,6 +145,11 @@ async def run_demo(
             await daemon.shutdown("demo over")
             nursery.cancel_scope.cancel()
     return code
+
+
+def attach_hint(path: Path) -> str:
+    """The live screen's header: the same commands, on one line (it wraps when narrow)."""
+    return f"more frontends: BUSD_SOCKET={path} busd watch (or busd web, busd tail --pretty)"
 
 
 def _attach_help(path: Path, *, runs: int, keep: bool) -> str:

@@ -19,7 +19,14 @@ import re
 
 from ..core.events import StreamingStats
 
-__all__ = ["format_duration", "format_tokens", "format_who", "status_line", "summary_line"]
+__all__ = [
+    "format_duration",
+    "format_tokens",
+    "format_took",
+    "format_who",
+    "status_line",
+    "summary_line",
+]
 
 _IDENTITY = re.compile(r"(?P<name>.+)\[pid=(?P<pid>\d+|\?),uid=(?P<uid>\d+|\?)\]")
 
@@ -71,6 +78,15 @@ def format_duration(seconds: float) -> str:
         return f"{minutes}m {secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m"
+
+
+def format_took(seconds: float) -> str:
+    """How long something that is over took: ``<1s`` under a second, else :func:`format_duration`.
+
+    ``Thought for 0s`` would read as no thinking at all; a running timer
+    still counts up from ``0s``.
+    """
+    return "<1s" if _whole_seconds(seconds) == 0 else format_duration(seconds)
 
 
 def _details(stats: StreamingStats) -> list[str]:

@@ -6,26 +6,26 @@ the screen is tested without a terminal. The numbers come from the view
 (status, summary and context lines, timers, durations); this module only
 lays them out.
 
-The live screen is a :class:`Screen`: the session list on top, the focused
-session's transcript cropped to its newest lines, a message line and the
-key help. :class:`PlainLog` turns the same views into log lines, one per
-change worth a line, for pipes and terminals without cursor control.
+Here are the pieces: a block of the transcript (:func:`render_block`), the
+permission prompt, what stays pinned under the transcript (:func:`pinned`).
+:mod:`busd.frontends.screen` lays them out on the live screen.
+:class:`PlainLog` turns the same views into log lines, one per change worth
+a line, for pipes and terminals without cursor control.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.padding import Padding
 from rich.panel import Panel
-from rich.segment import Segment
 from rich.text import Text
 
-from .humanize import format_duration
+from .humanize import format_duration, format_took
 from .view import (
     AgentBlock,
     AgentView,
@@ -43,17 +43,19 @@ from .view import (
 __all__ = [
     "PlainLog",
     "ReplyKey",
-    "Screen",
+    "clip",
+    "context_text",
     "input_summary",
+    "outcome_line",
     "permission_prompt",
+    "pinned",
     "render_block",
     "render_session",
     "reply_keys",
-    "session_line",
 ]
 
-MAX_LISTED = 6
-"""Sessions listed above the transcript; more are scrolled so the focused one shows."""
+CONTEXT_BAR = 10
+"""Cells of the context bar (drawn only when the window is known)."""
 MAX_DEPTH = 4
 """Sub-agents nested deeper than this are listed, not expanded."""
 _TEXT_TAIL = 400
@@ -75,7 +77,7 @@ _PRIMARY_INPUT = (
 # -- small pieces ---------------------------------------------------------------------
 
 
-def _clip(text: str, limit: int, *, more: bool = True) -> str:
+def clip(text: str, limit: int, *, more: bool = True) -> str:
     """The first line of ``text`` within ``limit``; `` …`` says (with ``more``) lines were cut."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     if len(line) > limit:
@@ -88,12 +90,12 @@ def input_summary(data: dict[str, Any], limit: int = 80) -> str:
     for key in _PRIMARY_INPUT:
         value = data.get(key)
         if isinstance(value, str) and value.strip():
-            return _clip(value, limit)
+            return clip(value, limit)
     parts = []
     for key, value in data.items():
         shown = value if isinstance(value, str) else repr(value)
-        parts.append(f"{key}={_clip(shown, 40)}")
-    return _clip(", ".join(parts), limit)
+        parts.append(f"{key}={clip(shown, 40)}")
+    return clip(", ".join(parts), limit)
 
 
 def tool_duration(seconds: float) -> str:
@@ -103,9 +105,31 @@ def tool_duration(seconds: float) -> str:
     return format_duration(seconds)
 
 
-def _tool_head(name: str, data: dict[str, Any]) -> str:
-    summary = input_summary(data)
+def _tool_head(name: str, data: dict[str, Any], limit: int = 80) -> str:
+    summary = input_summary(data, limit)
     return f"{name}({summary})" if summary else name
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One line that fits the width it is given: ``head`` is cut (``…``) so ``tail`` shows."""
+
+    head: Text
+    tail: Text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield _fit(self.head, self.tail, options.max_width)
+
+
+def _fit(head: Text, tail: Text, width: int) -> Text:
+    line = head.copy()
+    room = max(1, width - tail.cell_len)
+    if line.cell_len > room:
+        line.truncate(room, overflow="ellipsis")
+    line.append_text(tail)
+    line.truncate(width, overflow="ellipsis")
+    line.no_wrap = True
+    return line
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,47 +167,16 @@ def resolution(block: PermissionBlock) -> str:
     return text
 
 
-def _outcome(view: SessionView) -> str | None:
+def outcome_line(view: SessionView) -> str | None:
     """How the last run ended, when that is not simply ``ok``."""
     if view.run_status == "cancelled":
         return "⊘ cancelled" + (f" by {view.cancelled_by}" if view.cancelled_by else "")
     if view.run_status == "error":
         error = view.finished.error if view.finished is not None else None
-        return "✗ run failed" + (f": {_clip(error, 100)}" if error else "")
+        return "✗ run failed" + (f": {clip(error, 100)}" if error else "")
     if view.run_status == "timed_out":
         return "✗ run timed out"
     return None
-
-
-def _label(view: SessionView) -> str:
-    if view.title:
-        return view.title
-    prompt = next((b for b in view.main.blocks if isinstance(b, PromptBlock)), None)
-    return _clip(prompt.text, 40) if prompt is not None else ""
-
-
-def session_line(view: SessionView, now: float, *, focused: bool = False) -> Text:
-    """One line of the session list: id, title, adapter, and what it is doing."""
-    line = Text("▸ " if focused else "  ", style="bold cyan" if focused else "")
-    line.append(view.session_id, style="bold" if focused else "cyan")
-    label = _label(view)
-    if label:
-        line.append(f"  {label}")
-    if view.adapter:
-        line.append(f" · {view.adapter}", style="dim")
-    pending = len(view.pending_permissions())
-    if pending:
-        noun = "permission" if pending == 1 else "permissions"
-        line.append(f"  ⚠ {pending} {noun} waiting", style="bold yellow")
-    state = view.status_line(now) if view.busy else view.summary_line()
-    if state:
-        line.append(f"  {state}", style="magenta" if view.busy else "dim")
-    outcome = _outcome(view)
-    if outcome and not view.busy:
-        line.append(f"  {outcome}", style="red")
-    line.no_wrap = True
-    line.overflow = "ellipsis"
-    return line
 
 
 # -- the transcript -------------------------------------------------------------------
@@ -203,10 +196,9 @@ def render_block(view: SessionView, block: Block, now: float, *, depth: int = 0)
             body.append("\n⊘ stopped", style="dim red")
         return body
     if isinstance(block, ThinkingBlock):
-        seconds = format_duration(block.elapsed(now))
         if block.done:
-            return Text(f"∴ Thought for {seconds}", style="dim italic")
-        return Text(f"∴ Thinking… {seconds}", style="italic magenta")
+            return Text(f"∴ Thought for {format_took(block.elapsed(now))}", style="dim italic")
+        return Text(f"∴ Thinking… {format_duration(block.elapsed(now))}", style="italic magenta")
     if isinstance(block, ToolBlock):
         return _render_tool(view, block, now, depth=depth)
     if isinstance(block, PermissionBlock):
@@ -226,30 +218,33 @@ def _render_notice(block: NoticeBlock) -> Text:
 
 
 def _render_tool(view: SessionView, block: ToolBlock, now: float, *, depth: int) -> RenderableType:
-    line = Text()
+    head, tail = Text(), Text()
     if block.status == "running":
-        line.append("⏺ ", style="yellow")
-        line.append(_tool_head(block.name, block.input), style="bold")
-        line.append(f"  ⋯ running {tool_duration(block.elapsed(now))}", style="yellow")
+        head.append("⏺ ", style="yellow")
+        if block.waiting:
+            tail.append("  ⋯ waiting for permission", style="yellow")
+        else:
+            tail.append(f"  ⋯ running {tool_duration(block.elapsed(now))}", style="yellow")
     else:
         glyph, style = {
             "ok": ("✓", "green"),
             "error": ("✗", "red"),
             "cancelled": ("⊘", "dim"),
         }[block.status]
-        line.append(f"{glyph} ", style=style)
-        line.append(_tool_head(block.name, block.input), style="bold")
+        head.append(f"{glyph} ", style=style)
         word = "" if block.status == "ok" else f"{block.status} "
-        line.append(f"  {word}{tool_duration(block.elapsed(now))}", style=style)
+        tail.append(f"  {word}{tool_duration(block.elapsed(now))}", style=style)
+    head.append(_tool_head(block.name, block.input, 1000), style="bold")
     if block.timed_out:
-        line.append("  ⏱ over its time limit", style="yellow")
-    parts: list[RenderableType] = [line]
+        tail.append("  ⏱ over its time limit", style="yellow")
+    parts: list[RenderableType] = [_Line(head, tail)]
     detail = block.error if block.status == "error" and block.error else block.output
     if detail and detail.strip():
         rest = len(detail.strip().splitlines()) - 1
         more = f" (+{rest} lines)" if rest > 0 else ""
         style = "red" if block.status == "error" else "dim"
-        parts.append(Text(f"  └ {_clip(detail, 100, more=False)}{more}", style=style))
+        first = Text(f"  └ {clip(detail, 1000, more=False)}", style=style)
+        parts.append(_Line(first, Text(more, style=style)))
     for agent_id in block.agents:
         nested = _render_agent(view, view.agent(agent_id), now, depth + 1)
         parts.append(Padding(nested, (0, 0, 0, 4)))
@@ -260,29 +255,27 @@ def _render_agent(view: SessionView, agent: AgentView, now: float, depth: int) -
     head = Text("↳ ", style="cyan")
     head.append(agent.name or agent.agent_id or "agent", style="bold cyan")
     if agent.description:
-        head.append(f" — {_clip(agent.description, 80)}")
+        head.append(f" — {clip(agent.description, 80)}")
     style = {"ok": "green", "error": "red", "cancelled": "dim"}.get(agent.status, "yellow")
     head.append(f"  {agent.status}", style=style)
     if depth > MAX_DEPTH:
         return head
     parts = [render_block(view, block, now, depth=depth) for block in agent.blocks]
     if agent.result and agent.status != "running":
-        parts.append(Text(f"└ {_clip(agent.result, 100)}", style="dim"))
+        parts.append(Text(f"└ {clip(agent.result, 100)}", style="dim"))
     return Group(head, Padding(Group(*parts), (0, 0, 0, 2)))
 
 
-def _permission_line(block: PermissionBlock) -> Text:
+def _permission_line(block: PermissionBlock) -> _Line:
     """Where a request sits in the transcript: waiting, or how it was answered and by whom."""
     line = Text("⚑ ", style="bold yellow" if block.state == "pending" else "")
     line.append(block.tool, style="bold")
     if block.title:
-        line.append(f" · {_clip(block.title, 60)}")
+        line.append(f" · {clip(block.title, 1000)}")
     if block.state == "pending":
-        line.append("  waiting for an answer", style="yellow")
-    else:
-        style = {"allowed": "green", "denied": "red"}.get(block.state, "dim")
-        line.append(f"  {resolution(block)}", style=style)
-    return line
+        return _Line(line, Text("  waiting for an answer", style="yellow"))
+    style = {"allowed": "green", "denied": "red"}.get(block.state, "dim")
+    return _Line(line, Text(f"  {resolution(block)}", style=style))
 
 
 def permission_prompt(block: PermissionBlock, *, keys: bool = True) -> Panel:
@@ -313,118 +306,49 @@ def permission_prompt(block: PermissionBlock, *, keys: bool = True) -> Panel:
 
 def render_session(view: SessionView, now: float, *, keys: bool = True) -> Group:
     """The whole transcript of ``view`` with its status or summary line underneath."""
-    return Group(*_session_parts(view, now, keys=keys))
+    blocks = [render_block(view, block, now) for block in view.main.blocks]
+    return Group(*blocks, *pinned(view, now, keys=keys))
 
 
-def _session_parts(view: SessionView, now: float, *, keys: bool) -> list[RenderableType]:
-    """The transcript, then the oldest pending request's prompt, then the status lines.
-
-    The prompt is pinned under the transcript, so text streaming in from
-    elsewhere (a sub-agent) cannot scroll it out of sight.
-    """
-    return list(reversed(list(_newest_first(view, now, keys=keys))))
-
-
-def _newest_first(view: SessionView, now: float, *, keys: bool) -> Iterator[RenderableType]:
-    """:func:`_session_parts` backwards and lazily: the screen stops once it is full."""
-    context = view.context_line()
-    if context:
-        yield Text(context, style="dim")
-    outcome = _outcome(view)
-    if outcome and not view.busy:
-        yield Text(outcome, style="red")
+def pinned(view: SessionView, now: float, *, keys: bool = True) -> list[RenderableType]:
+    """What stays under the transcript however it scrolls: the oldest pending request's
+    prompt (so text streaming in from elsewhere cannot push it away), then the status
+    or summary line, how the run ended and the context line."""
+    parts: list[RenderableType] = []
+    pending = view.pending_permissions()
+    if pending:
+        parts.append(permission_prompt(pending[0], keys=keys))
     if view.busy:
         status = view.status_line(now)
         if status:
-            yield Text(status, style="bold magenta")
+            parts.append(Text(status, style="bold magenta"))
     else:
         summary = view.summary_line()
         if summary:
-            yield Text(summary, style="bold")
-    pending = view.pending_permissions()
-    if pending:
-        yield permission_prompt(pending[0], keys=keys)
-    for block in reversed(view.main.blocks):
-        yield render_block(view, block, now)
+            parts.append(Text(summary, style="bold"))
+        outcome = outcome_line(view)
+        if outcome:
+            parts.append(Text(outcome, style="red"))
+    context = context_text(view)
+    if context is not None:
+        parts.append(context)
+    return parts
 
 
-# -- the screen -----------------------------------------------------------------------
-
-
-def _window(count: int, index: int, size: int) -> range:
-    """``size`` consecutive indexes out of ``count`` that include ``index``."""
-    if count <= size:
-        return range(count)
-    start = min(max(0, index - size // 2), count - size)
-    return range(start, start + size)
-
-
-@dataclass
-class Screen:
-    """The live screen, laid out to the console's height (newest transcript lines kept)."""
-
-    views: Views
-    sessions: Sequence[str]
-    """The ids shown, in order (the filter applied)."""
-    focus: str | None
-    now: float
-    message: str | None = None
-    keys: bool = True
-    """Whether the permission prompt offers its keys (stdin is a terminal)."""
-    title: str = "busd watch"
-    help: list[tuple[str, str]] = field(default_factory=list)
-    """The footer's (key, what it does) pairs; none: no footer line."""
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = options.max_width
-        height = max(8, (options.height or options.size.height) - 1)
-        opts = options.update(width=width, height=None)
-        top: list[RenderableType] = [self._title()]
-        ids = [s for s in self.sessions if s in self.views.sessions]
-        index = ids.index(self.focus) if self.focus in ids else 0
-        shown = _window(len(ids), index, MAX_LISTED)
-        for i in shown:
-            view = self.views.sessions[ids[i]]
-            top.append(session_line(view, self.now, focused=ids[i] == self.focus))
-        if len(ids) > len(shown):
-            top.append(Text(f"  … {len(ids) - len(shown)} more (Tab to switch)", style="dim"))
-        if not ids:
-            top.append(Text("  no sessions yet: waiting for events", style="dim"))
-        top.append(Text("─" * width, style="dim"))
-        bottom: list[RenderableType] = [Text("─" * width, style="dim")]
-        if self.message:
-            bottom.append(Text(self.message, style="bold", no_wrap=True, overflow="ellipsis"))
-        if self.help:
-            bottom.append(self._help())
-        head = [line for r in top for line in console.render_lines(r, opts, pad=False)]
-        foot = [line for r in bottom for line in console.render_lines(r, opts, pad=False)]
-        room = max(1, height - len(head) - len(foot))
-        body: list[list[Segment]] = []
-        focused = self.views.sessions.get(self.focus) if self.focus is not None else None
-        if focused is not None:
-            for part in _newest_first(focused, self.now, keys=self.keys):
-                body[:0] = console.render_lines(part, opts, pad=False)
-                if len(body) >= room:
-                    break
-        body = body[-room:]
-        body += [[] for _ in range(room - len(body))]
-        for line in (*head, *body, *foot):
-            yield from line
-            yield Segment.line()
-
-    def _title(self) -> Text:
-        line = Text(self.title, style="bold")
-        count = len([s for s in self.sessions if s in self.views.sessions])
-        line.append(f" · {count} session{'s' if count != 1 else ''}", style="dim")
-        line.no_wrap = True
-        return line
-
-    def _help(self) -> Text:
-        line = Text(no_wrap=True, overflow="ellipsis")
-        for key, label in self.help:
-            line.append(f" {key} ", style="reverse")
-            line.append(f" {label}  ", style="dim")
-        return line
+def context_text(view: SessionView) -> Text | None:
+    """The context line, after a bar of how full the window is: no window known, no bar."""
+    line, ctx = view.context_line(), view.context
+    if line is None or ctx is None:
+        return None
+    text = Text()
+    if ctx.window:
+        share = min(1.0, max(0.0, ctx.used / ctx.window))
+        filled = min(CONTEXT_BAR, math.floor(share * CONTEXT_BAR))
+        style = "red" if share >= 0.9 else "yellow" if share >= 0.7 else "cyan"
+        text.append("█" * filled, style=style)
+        text.append("░" * (CONTEXT_BAR - filled) + " ", style="dim")
+    text.append(line, style="dim")
+    return text
 
 
 # -- plain log lines ------------------------------------------------------------------
@@ -477,7 +401,7 @@ class PlainLog:
                     self._walk(view, agent, out, walked)
             if not view.busy and view.run_status != "running":  # a run: its own summary
                 summary = view.summary_line()
-                outcome = _outcome(view)
+                outcome = outcome_line(view)
                 if summary is not None and summary != self._summary.get(session_id):
                     out.append(f"[{session_id}] {summary}")
                     self._summary[session_id] = summary
@@ -525,7 +449,7 @@ class PlainLog:
                     continue
                 if (session_id, agent_id) not in self._announced:
                     self._announced.add((session_id, agent_id))
-                    about = f" — {_clip(sub.description, 80)}" if sub.description else ""
+                    about = f" — {clip(sub.description, 80)}" if sub.description else ""
                     out.append(f"{prefix} ↳ sub-agent {sub.name or agent_id}{about}")
                 self._walk(view, sub, out, walked)
             out.extend(f"{prefix} {line}" for line in lines)
@@ -534,7 +458,7 @@ class PlainLog:
         if agent.agent_id is not None and self._agents.get(key2) != agent.status:
             self._agents[key2] = agent.status
             if agent.status != "running":
-                result = f": {_clip(agent.result, 120)}" if agent.result else ""
+                result = f": {clip(agent.result, 120)}" if agent.result else ""
                 out.append(f"{prefix} ↳ {agent.status}{result}")
 
     def status_lines(self, views: Views, sessions: Iterable[str], now: float) -> list[str]:
@@ -577,11 +501,11 @@ def _block_lines(block: Block, printed: _Printed) -> list[str]:
         return []
     if isinstance(block, PromptBlock):
         printed.ended = True
-        return [f"❯ {_clip(block.text, 200)}"]
+        return [f"❯ {clip(block.text, 200)}"]
     if isinstance(block, ThinkingBlock):
         if block.done:
             printed.ended = True
-            return [f"∴ Thought for {format_duration(block.elapsed(0.0))}"]
+            return [f"∴ Thought for {format_took(block.elapsed(0.0))}"]
         if not printed.started:
             printed.started = True
             return ["∴ Thinking…"]
@@ -597,7 +521,7 @@ def _block_lines(block: Block, printed: _Printed) -> list[str]:
             word = "" if block.status == "ok" else f" {block.status}"
             line = f"{glyph} {block.name}{word} {tool_duration(block.elapsed(0.0))}"
             if block.status == "error" and block.error:
-                line += f": {_clip(block.error, 120)}"
+                line += f": {clip(block.error, 120)}"
             lines.append(line)
         return lines
     if isinstance(block, PermissionBlock):

@@ -118,6 +118,15 @@ class ThinkingBlock(_Block, tag="thinking"):
 
 
 class ToolBlock(_Block, tag="tool"):
+    """A tool call. Its timer is the tool's own run time, the same for every adapter.
+
+    It runs from the call, or from the answer to the call's permission request
+    when it asked one (``started_ts`` moves there; ``waited_s`` is how long it
+    waited), to its completion: the time spent waiting for a person is not
+    the tool's. An SDK's own figure (``duration_s`` on ``stream.tool.complete``)
+    is kept when it is shorter, since it may leave out other delays too.
+    """
+
     tool_call_id: str
     name: str
     started_ts: float
@@ -129,16 +138,41 @@ class ToolBlock(_Block, tag="tool"):
     timed_out: bool = False
     agents: list[str] = []
     """Sub-agents this call spawned, shown nested under it."""
+    waiting: bool = False
+    """Its permission request waits for an answer: the tool has not started running."""
+    waited_s: float | None = None
+    """How long it waited for the answer to its permission request (None: it asked none)."""
 
     def elapsed(self, now: float) -> float:
         if self.duration_s is not None:
             return self.duration_s
+        if self.waiting:
+            return 0.0
         return max(0.0, now - self.started_ts)
+
+    def answered(self, ts: float) -> None:
+        """Its permission request was answered at ``ts``: its own run time starts now."""
+        if self.waited_s is None and self.status == "running":
+            self.waited_s = max(0.0, ts - self.started_ts)
+            self.started_ts = max(self.started_ts, ts)
+        self.waiting = False
+
+    def complete(self, ts: float, duration_s: float | None) -> None:
+        """Stop the timer at ``ts``; an SDK's own ``duration_s`` wins when it is shorter."""
+        self.waiting = False
+        measured = max(0.0, ts - self.started_ts)
+        if duration_s is None:
+            self.duration_s = measured
+        elif self.waited_s is not None:  # it may count the wait for permission: not ours
+            self.duration_s = min(max(0.0, duration_s), measured)
+        else:
+            self.duration_s = max(0.0, duration_s)
 
 
 class PermissionBlock(_Block, tag="permission"):
     request_id: str
     tool: str
+    tool_call_id: str | None = None
     title: str | None = None
     input: dict[str, Any] = {}
     options: list[PermissionOption] = []
@@ -190,6 +224,9 @@ class SessionView(msgspec.Struct, kw_only=True):
     usage: TokenUsage | None = None
     context: ContextUsage | None = None
     finished: RunFinished | None = None
+    run_output_base: int = 0
+    """The session's live output count when the last run started (``stats`` are the
+    session's): what the run itself produced, when its summary has no count."""
     last_seq: int = 0
     main: AgentView = msgspec.field(default_factory=AgentView)
     agents: dict[str, AgentView] = {}
@@ -215,27 +252,42 @@ class SessionView(msgspec.Struct, kw_only=True):
             return None
         return status_line(stats, verb="Thinking…" if stats.thinking else "Working…")
 
-    def summary_line(self) -> str | None:
-        """``✻ Worked for 18s · ↓ 1.4k tokens · thought for 5s`` once the work is done.
+    def summary_stats(self) -> StreamingStats | None:
+        """The figures of the summary line once the work is done (None while busy).
 
         A finished run's own summary (the provider's exact output count) wins
-        over the last live report; when the run used more than one model, each
-        model's share follows (``· sonnet 412 out · haiku 3 out``).
+        over the last live report. When the provider reported no output count
+        for the run (ACP agents that send only ``usage_update``), the run's
+        share of the live count, busd's estimate, stands in, marked estimated.
         """
         if self.busy:
             return None
         finished = self.finished
-        if finished is not None:
-            line = summary_line(
-                StreamingStats(
-                    elapsed_s=finished.duration_s,
-                    output_tokens=finished.usage.output_tokens,
-                    thinking_s=finished.thinking_s,
-                )
-            )
-            models = models_line(finished.models)
-            return line if models is None else f"{line} · {models}"
-        return summary_line(self.stats) if self.stats is not None else None
+        if finished is None:
+            return self.stats
+        output, estimated = finished.usage.output_tokens, False
+        if output == 0 and self.stats is not None:
+            output = max(0, self.stats.output_tokens - self.run_output_base)
+            estimated = output > 0
+        return StreamingStats(
+            elapsed_s=finished.duration_s,
+            output_tokens=output,
+            output_estimated=estimated,
+            thinking_s=finished.thinking_s,
+        )
+
+    def summary_line(self) -> str | None:
+        """``✻ Worked for 18s · ↓ 1.4k tokens · thought for 5s`` once the work is done.
+
+        When the run used more than one model, each model's share follows
+        (``· sonnet 412 out · haiku 3 out``).
+        """
+        stats = self.summary_stats()
+        if stats is None:
+            return None
+        line = summary_line(stats)
+        models = models_line(self.finished.models) if self.finished is not None else None
+        return line if models is None else f"{line} · {models}"
 
     def pending_permissions(self) -> list[PermissionBlock]:
         return [
@@ -246,7 +298,10 @@ class SessionView(msgspec.Struct, kw_only=True):
         ]
 
     def context_line(self) -> str | None:
-        """``context 23.4k / 200.0k (12%) · system 3.1k · tools 9.8k · messages 10.5k``."""
+        """``context 23.4k / 200.0k (12%) · system 3.1k · tools 9.8k · messages 10.5k``.
+
+        A model whose window busd does not know: ``context 54.5k · window unknown · ...``.
+        """
         ctx = self.context
         if ctx is None:
             return None
@@ -254,8 +309,10 @@ class SessionView(msgspec.Struct, kw_only=True):
         head = f"context {approx}{format_tokens(ctx.used)}"
         if ctx.window:
             head += f" / {format_tokens(ctx.window)}"
-        if ctx.percent is not None:
-            head += f" ({math.floor(ctx.percent)}%)"
+            if ctx.percent is not None:
+                head += f" ({math.floor(ctx.percent)}%)"
+        else:  # no share of anything: say so rather than leave the reader to guess
+            head += " · window unknown"
         parts = [head]
         b = ctx.breakdown
         for name, value in (("system", b.system), ("tools", b.tools), ("messages", b.messages)):
@@ -288,6 +345,14 @@ class SessionView(msgspec.Struct, kw_only=True):
         for agent in (self.main, *self.agents.values()):
             for block in reversed(agent.blocks):
                 if isinstance(block, ToolBlock) and block.tool_call_id == tool_call_id:
+                    return block
+        return None
+
+    def _permission_of(self, tool_call_id: str) -> PermissionBlock | None:
+        """The permission request of a tool call, if it asked one."""
+        for agent in (self.main, *self.agents.values()):
+            for block in agent.blocks:
+                if isinstance(block, PermissionBlock) and block.tool_call_id == tool_call_id:
                     return block
         return None
 
@@ -366,14 +431,14 @@ class SessionView(msgspec.Struct, kw_only=True):
                 else max(0.0, ts - thinking.started_ts)
             )
         elif isinstance(event, ToolStart):
-            blocks.append(
-                ToolBlock(
-                    tool_call_id=event.tool_call_id,
-                    name=event.name,
-                    input=event.input,
-                    started_ts=ts,
-                )
+            call = ToolBlock(
+                tool_call_id=event.tool_call_id, name=event.name, input=event.input, started_ts=ts
             )
+            blocks.append(call)
+            asked = self._permission_of(event.tool_call_id)
+            if asked is not None:  # asked before the call was shown (and maybe answered)
+                call.waiting = asked.state == "pending"
+                call.waited_s = None if call.waiting else 0.0
             self.busy = True
         elif isinstance(event, ToolPartialResult):
             tool = self.tool(event.tool_call_id)
@@ -387,9 +452,7 @@ class SessionView(msgspec.Struct, kw_only=True):
                 )
                 blocks.append(tool)
             tool.status = event.status
-            tool.duration_s = (
-                event.duration_s if event.duration_s is not None else max(0.0, ts - tool.started_ts)
-            )
+            tool.complete(ts, event.duration_s)
             if event.output is not None:
                 tool.output = event.output[-OUTPUT_LIMIT:]
             tool.error = event.error
@@ -410,17 +473,24 @@ class SessionView(msgspec.Struct, kw_only=True):
                     PermissionBlock(
                         request_id=event.request_id,
                         tool=event.tool,
+                        tool_call_id=event.tool_call_id,
                         title=event.title,
                         input=event.input,
                         options=event.options,
                         run_id=envelope.run_id,
                     )
                 )
+                tool = self.tool(event.tool_call_id) if event.tool_call_id else None
+                if tool is not None and tool.status == "running":
+                    tool.waiting = True
         elif isinstance(event, PermissionResolved):
             request = self.permission(event.request_id)
             if request is not None and request.state == "pending":
                 request.state, request.reason = event.outcome, event.reason
                 request.by = format_who(event.by) if event.by else event.by
+                tool = self.tool(request.tool_call_id) if request.tool_call_id else None
+                if tool is not None:
+                    tool.answered(ts)
         elif isinstance(event, Usage):
             if envelope.agent_id is None:
                 self.usage = event.tokens
@@ -449,6 +519,7 @@ class SessionView(msgspec.Struct, kw_only=True):
             self.run_id, self.run_status, self.adapter = envelope.run_id, "running", event.adapter
             self.model = event.model or self.model
             self.finished, self.cancelled_by, self.busy = None, None, True
+            self.run_output_base = self.stats.output_tokens if self.stats is not None else 0
             if event.prompt:
                 blocks.append(PromptBlock(text=event.prompt, run_id=envelope.run_id))
         elif isinstance(event, RunCancelled):
@@ -464,7 +535,7 @@ class SessionView(msgspec.Struct, kw_only=True):
                 for block in agent.blocks:  # nothing will complete them now: stop their timers
                     if isinstance(block, ToolBlock) and block.status == "running":
                         block.status = "cancelled"
-                        block.duration_s = max(0.0, ts - block.started_ts)
+                        block.complete(ts if not block.waiting else block.started_ts, None)
 
     def _apply_agent(
         self, event: AgentStart | AgentUpdate | AgentComplete, parent: str | None

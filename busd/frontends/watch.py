@@ -1,4 +1,4 @@
-"""``busd watch``: the terminal frontend, a thin Trio shell over :mod:`busd.tui`.
+"""``busd watch``: the terminal frontend, a thin Trio shell over :mod:`busd.frontends.screen`.
 
 It subscribes to everything the daemon still holds (``since_seq=0``), so a
 frontend attached late shows the runs already under way, folds each batch
@@ -6,6 +6,10 @@ into :class:`~busd.frontends.view.Views` (through a daemon restart: the
 client reconnects and resumes) and draws them: a rich ``Live`` screen
 refreshed by a Trio task (no rich thread), or log lines (``--plain``, and
 whenever stdout is not a terminal).
+
+What the keys do is decided sans-I/O by :class:`WatchState`: answers, a
+cancel that asks first, scrolling (a :class:`~busd.frontends.screen.Viewport`
+the screen resolves), switching sessions, and where the focus goes.
 
 Keys are read from the terminal in cbreak mode through a
 :class:`trio.lowlevel.FdStream`. Trio puts the file it reads in
@@ -38,10 +42,20 @@ from rich.live import Live
 from ..client import Client, ClientSubscription, ConnectionLost, RequestFailed
 from ..client import connect as busd_connect
 from ..core.events import Envelope, Event, RunFinished, SessionIdle
-from .tui import PlainLog, Screen, reply_keys
+from .screen import Screen, Viewport
+from .tui import PlainLog, reply_keys
 from .view import SessionView, Views
 
-__all__ = ["Cancel", "Quit", "Reply", "WatchState", "default_name", "parse_keys", "watch"]
+__all__ = [
+    "Cancel",
+    "Quit",
+    "Reply",
+    "WatchState",
+    "default_name",
+    "help_for",
+    "parse_keys",
+    "watch",
+]
 
 REFRESH_S = 0.1
 """The live screen is redrawn at most this often (and only while something changes)."""
@@ -58,7 +72,19 @@ def default_name() -> str:
 
 # -- keys and what they do (sans-I/O) -------------------------------------------------
 
-_ESCAPES = {b"\x1b[Z": "backtab", b"\x1b[C": "right", b"\x1b[D": "left"}
+_ESCAPES = {
+    b"\x1b[Z": "backtab",
+    b"\x1b[C": "right",
+    b"\x1b[D": "left",
+    b"\x1b[A": "up",
+    b"\x1b[B": "down",
+    b"\x1bOA": "up",
+    b"\x1bOB": "down",
+    b"\x1b[5~": "pageup",
+    b"\x1b[6~": "pagedown",
+    **dict.fromkeys((b"\x1b[H", b"\x1bOH", b"\x1b[1~", b"\x1b[7~"), "home"),
+    **dict.fromkeys((b"\x1b[F", b"\x1bOF", b"\x1b[4~", b"\x1b[8~"), "end"),
+}
 
 
 def parse_keys(data: bytes) -> list[str]:
@@ -123,22 +149,58 @@ HELP = [
     ("n", "deny"),
     ("c", "cancel run"),
     ("Tab ] [", "session"),
+    ("↑↓ PgUp PgDn Home End", "scroll"),
     ("q", "quit"),
 ]
+"""Every key of the footer; it shows those that do something in the focused session."""
+
+_SCROLL = {
+    "up": ("scroll", -1),
+    "k": ("scroll", -1),
+    "down": ("scroll", 1),
+    "j": ("scroll", 1),
+    "pageup": ("page", -1),
+    "pagedown": ("page", 1),
+    " ": ("page", 1),
+}
+
+
+def help_for(state: WatchState, views: Views) -> list[tuple[str, str]]:
+    """The keys that do something now: answers while a request waits, ``c`` while a run runs."""
+    if state.confirm is not None:
+        return [("c y", "yes, cancel the run"), ("any other key", "keep it running")]
+    view = state.focused(views)
+    pending = view.pending_permissions() if view is not None else []
+    offered = {key.key for key in reply_keys(pending[0])} if pending else set()
+    running = view is not None and view.run_status == "running"
+    several = len(state.visible(views)) > 1
+    return [
+        (key, label)
+        for key, label in HELP
+        if (key not in ("y", "a", "n") or key in offered)
+        and (key != "c" or running)
+        and (key != "Tab ] [" or several)
+    ]
 
 
 @dataclass
 class WatchState:
-    """Which sessions are shown, which one has the focus, and the message line."""
+    """Which sessions are shown, which one has the focus, the scroll and the message line."""
 
     only: tuple[str, ...] = ()
     focus: str | None = None
     follow: bool = True
-    """Until the user switches, the focus follows the session that needs them."""
+    """Until the user switches, answers, cancels or scrolls, the focus follows the work."""
     message: str | None = None
     message_until: float = 0.0
     offline: str | None = None
     """While the daemon is away: why, shown until it is back (it does not time out)."""
+    viewport: Viewport = field(default_factory=Viewport)
+    """Where the focused session's transcript is scrolled to."""
+    confirm: Cancel | None = None
+    """A cancel asked for with ``c``, waiting for ``c`` or ``y`` (any other key: not)."""
+    cancelling: dict[str, str] = field(default_factory=dict)
+    """Runs cancelled from here, by run id, until their end event: what the message says."""
 
     def visible(self, views: Views) -> list[str]:
         if not self.only:
@@ -152,9 +214,25 @@ class WatchState:
         self.message, self.message_until = text, now + MESSAGE_S
 
     def current_message(self, now: float) -> str | None:
+        """What the message line says: the lasting states first, then the last message."""
         if self.offline is not None:
             return self.offline
+        if self.confirm is not None:
+            return f"cancel {self.confirm.run_id}? c or y: cancel it · any other key: keep it"
+        if self.cancelling:
+            return f"cancelling {', '.join(self.cancelling)}…"
         return self.message if now < self.message_until else None
+
+    def lasting(self) -> bool:
+        """A message that stays until something happens is showing."""
+        return self.offline is not None or self.confirm is not None or bool(self.cancelling)
+
+    def ended(self, run_ids: set[str]) -> None:
+        """These runs ended: a cancel of theirs is no longer under way."""
+        for run_id in run_ids & set(self.cancelling):
+            del self.cancelling[run_id]
+        if self.confirm is not None and self.confirm.run_id in run_ids:
+            self.confirm = None
 
     def settle(self, views: Views, changed: set[str]) -> None:
         """Keep the focus on a shown session; while following, move it where it is needed.
@@ -164,10 +242,10 @@ class WatchState:
         """
         ids = self.visible(views)
         if not ids:
-            self.focus = None
+            self._focus(None)
             return
         if self.focus not in ids:
-            self.focus = ids[0]
+            self._focus(ids[0])
         if not self.follow:
             return
         current = views.sessions[self.focus] if self.focus is not None else None
@@ -176,11 +254,16 @@ class WatchState:
         candidates = [s for s in ids if s in changed]
         asking = [s for s in candidates if views.sessions[s].pending_permissions()]
         if asking:
-            self.focus = asking[-1]
+            self._focus(asking[-1])
         elif current is None or not current.busy:
             busy = [s for s in candidates if views.sessions[s].busy]
             if busy:
-                self.focus = busy[-1]
+                self._focus(busy[-1])
+
+    def _focus(self, session_id: str | None) -> None:
+        if session_id != self.focus:
+            self.focus = session_id
+            self.viewport.end()  # another transcript: its newest lines
 
     def switch(self, views: Views, step: int) -> None:
         ids = self.visible(views)
@@ -188,10 +271,16 @@ class WatchState:
             return
         self.follow = False
         index = ids.index(self.focus) if self.focus in ids else 0
-        self.focus = ids[(index + step) % len(ids)]
+        self._focus(ids[(index + step) % len(ids)])
 
     def action_for(self, key: str, views: Views, now: float) -> Action | None:
-        """What ``key`` asks for; switching and refusals are handled here."""
+        """What ``key`` asks for; switching, scrolling and refusals are handled here.
+
+        Acting on the focused session (answering, cancelling, scrolling) stops
+        the focus from following the work elsewhere: it stays where the user is.
+        """
+        if self.confirm is not None:
+            return self._confirmed(key, views, now)
         if key in ("q", "Q"):
             return Quit()
         if key in ("tab", "]", "right"):
@@ -199,6 +288,18 @@ class WatchState:
             return None
         if key in ("backtab", "[", "left"):
             self.switch(views, -1)
+            return None
+        if key in _SCROLL or key in ("home", "g", "end", "G"):
+            self.follow = False
+            how, step = _SCROLL.get(key, ("", 0))
+            if how == "scroll":
+                self.viewport.scroll(step)
+            elif how == "page":
+                self.viewport.page(step)
+            elif key in ("home", "g"):
+                self.viewport.home()
+            else:
+                self.viewport.end()
             return None
         view = self.focused(views)
         if key in ("y", "a", "n"):
@@ -209,6 +310,7 @@ class WatchState:
             block = pending[0]
             for choice in reply_keys(block):
                 if choice.key == key:
+                    self.follow = False
                     return Reply(
                         request_id=block.request_id,
                         tool=block.tool,
@@ -222,8 +324,23 @@ class WatchState:
             if view is None or view.run_status != "running" or view.run_id is None:
                 self.say("no run in progress in this session", now)
                 return None
-            return Cancel(run_id=view.run_id, session_id=view.session_id)
+            self.follow, self.message = False, None  # the question replaces any message
+            self.confirm = Cancel(run_id=view.run_id, session_id=view.session_id)
         return None
+
+    def _confirmed(self, key: str, views: Views, now: float) -> Action | None:
+        cancel, self.confirm = self.confirm, None
+        assert cancel is not None
+        if key not in ("c", "y"):
+            self.say(f"{cancel.run_id} keeps running", now)
+            return None
+        view = views.sessions.get(cancel.session_id)
+        if view is None or view.run_id != cancel.run_id or view.run_status != "running":
+            self.say(f"{cancel.run_id} has already ended", now)
+            return None
+        self.cancelling[cancel.run_id] = cancel.session_id
+        self.message = None
+        return cancel
 
 
 # -- the shell ------------------------------------------------------------------------
@@ -257,6 +374,13 @@ class _Watcher:
                     self.head = batch.events[-1].seq
                 changed = fold(batch.events)
                 self.state.settle(self.views, changed)
+                self.state.ended(
+                    {
+                        e.run_id
+                        for e in batch.events
+                        if isinstance(e.event, RunFinished) and e.run_id
+                    }
+                )
                 self.changed.set()
                 if self.exit_when_idle and self._went_idle(batch.events):
                     self.code = 0
@@ -321,10 +445,13 @@ async def watch(
     plain: bool = False,
     exit_when_idle: bool = False,
     out: TextIO | None = None,
+    header: str | None = None,
 ) -> int:
     """Watch until ``q``, a signal or (with ``exit_when_idle``) the end of the work.
 
     Output that is not a terminal gets plain lines whatever ``plain`` says.
+    ``header`` is a line the live screen keeps under its title (plain mode
+    leaves it to the caller).
 
     When the daemon goes away the watch says so and reconnects, resuming
     from the last ``seq`` it showed (a daemon that lost its history starts
@@ -346,7 +473,7 @@ async def watch(
         if plain:
             await _plain(watcher, stream)
         else:
-            await _live(watcher, stream)
+            await _live(watcher, stream, header)
     if watcher.error is not None:
         raise watcher.error
     return watcher.code
@@ -410,7 +537,7 @@ def _silence(stream: TextIO) -> None:
         os.close(devnull)
 
 
-async def _live(watcher: _Watcher, stream: TextIO) -> None:
+async def _live(watcher: _Watcher, stream: TextIO, header: str | None) -> None:
     state = watcher.state
     keyboard = _open_keyboard()
     console = Console(file=stream)
@@ -424,7 +551,9 @@ async def _live(watcher: _Watcher, stream: TextIO) -> None:
             now,
             message=state.current_message(now),
             keys=keyboard is not None,
-            help=HELP if keyboard is not None else [("Ctrl-C", "quit")],
+            help=help_for(state, watcher.views) if keyboard is not None else [("Ctrl-C", "quit")],
+            header=header,
+            viewport=state.viewport,
         )
 
     async def refresher(live: Live) -> None:
@@ -445,14 +574,16 @@ async def _live(watcher: _Watcher, stream: TextIO) -> None:
                 await client.reply_permission(
                     action.request_id, option_id=action.option_id, allow=action.allow
                 )
-                state.say(f"{action.tool}: answered “{action.label}”", time.time())
+                state.say(_answered(action, state, watcher.views), time.time())
             elif isinstance(action, Cancel):
-                await client.cancel_run(action.run_id)
-                state.say(f"cancelling {action.run_id}…", time.time())
+                await client.cancel_run(action.run_id)  # the message says so until it ends
         except RequestFailed as exc:
+            if isinstance(action, Cancel):
+                state.cancelling.pop(action.run_id, None)
             state.say(_refusal(action, exc), time.time())
-        except ConnectionLost:
-            return  # the receiver reports it
+        except ConnectionLost:  # the receiver reports it; whether it was cancelled is unknown
+            if isinstance(action, Cancel):
+                state.cancelling.pop(action.run_id, None)
         watcher.changed.set()
 
     async def keys(stream: trio.lowlevel.FdStream, nursery: trio.Nursery) -> None:
@@ -499,6 +630,20 @@ async def _live(watcher: _Watcher, stream: TextIO) -> None:
     finally:
         if keyboard is not None:
             keyboard.close()
+
+
+def _answered(action: Reply, state: WatchState, views: Views) -> str:
+    """``Write: answered “allow”``, and where else an answer is awaited (the focus stays)."""
+    others = [
+        s
+        for s in state.visible(views)
+        if s != state.focus and views.sessions[s].pending_permissions()
+    ]
+    text = f"{action.tool}: answered “{action.label}”"
+    if others:
+        noun = "session waits" if len(others) == 1 else "sessions wait"
+        text += f" · {len(others)} more {noun} for an answer (Tab)"
+    return text
 
 
 def _refusal(action: Action, exc: RequestFailed) -> str:

@@ -44,7 +44,8 @@ from hypercorn.typing import ASGIFramework
 
 from ..client import Batch, Client, ClientSubscription, ConnectionLost, RequestFailed, connect
 from ..core.events import StreamingStats
-from .view import SessionView, Views
+from .tui import input_summary
+from .view import PromptBlock, SessionView, Views
 from .webguard import (
     SECURITY_HEADERS,
     Access,
@@ -54,7 +55,7 @@ from .webguard import (
     check_state_change,
 )
 
-__all__ = ["Browser", "WebBridge", "default_name", "run_web", "serve_web"]
+__all__ = ["Browser", "WebBridge", "default_name", "page_view", "run_web", "serve_web"]
 
 logger = logging.getLogger("busd.web")
 
@@ -241,7 +242,7 @@ class WebBridge:
             "name": self.name,
             "read_only": self.read_only,
             "daemon": self.daemon,
-            "sessions": [view.snapshot(now) for view in self.views.sessions.values()],
+            "sessions": [page_view(view, now) for view in self.views.sessions.values()],
         }
 
     def frame(self, browser: Browser) -> tuple[bytes, set[str]]:
@@ -255,7 +256,7 @@ class WebBridge:
         for session_id, full in dirty.items():
             view = self.views.sessions.get(session_id)
             if view is not None:
-                out += sse("session", view.snapshot(now)) if full else _status(view, now)
+                out += sse("session", page_view(view, now)) if full else _status(view, now)
         return bytes(out), set(dirty)
 
     def status_frame(self, skip: set[str]) -> bytes:
@@ -401,6 +402,48 @@ class WebBridge:
             raise Refused(503, "daemon_unavailable", f"lost the daemon: {exc}") from None
         except trio.TooSlowError:
             raise Refused(504, "daemon_timeout", "the daemon did not answer in time") from None
+
+
+def session_label(view: SessionView) -> str | None:
+    """What a tab is called: the session's title, else the first line of its first prompt."""
+    if view.title:
+        return view.title
+    for block in view.main.blocks:
+        if isinstance(block, PromptBlock) and block.text.strip():
+            return block.text.strip().splitlines()[0][:200]
+    return None
+
+
+def session_state(view: SessionView) -> str:
+    """What a session is doing, in a word: ``waiting`` (for an answer), ``running``,
+    ``done``, ``cancelled``, ``failed`` or ``idle`` (nothing to show yet)."""
+    if view.pending_permissions():
+        return "waiting"
+    if view.busy or view.run_status == "running":
+        return "running"
+    if view.run_status == "cancelled":
+        return "cancelled"
+    if view.run_status in ("error", "timed_out"):
+        return "failed"
+    if view.run_status == "ok" or view.main.blocks:
+        return "done"  # an ingested session has no run: it worked, and is at rest
+    return "idle"
+
+
+def page_view(view: SessionView, now: float) -> dict[str, Any]:
+    """``view.snapshot(now)`` with what the page shows as ``busd watch`` does.
+
+    ``label`` and ``state`` for its tab, and each tool call's and request's
+    input ``summary``: the terminal's ``Write(path)`` (:func:`input_summary`).
+    """
+    data = view.snapshot(now)
+    data["label"], data["state"] = session_label(view), session_state(view)
+    for agent in (data["main"], *data["agents"].values()):
+        for block in agent["blocks"]:
+            if block["kind"] in ("tool", "permission"):
+                limit = 80 if block["kind"] == "tool" else 100  # as the terminal clips them
+                block["summary"] = input_summary(block["input"], limit)
+    return data
 
 
 def _status(view: SessionView, now: float) -> bytes:

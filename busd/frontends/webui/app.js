@@ -1,7 +1,9 @@
 // busd web: draws the session snapshots busd sends over Server-Sent Events.
 // Every figure (status line, summary, context) comes computed from the server,
-// the same model `busd watch` renders; only the live timers of thinking and
-// tool blocks tick here, from their start time and the server's clock.
+// the same model `busd watch` renders, and so do the words a tab and a tool call
+// are shown with (a session's label and state, a tool input's summary); only the
+// live timers of thinking and tool blocks tick here, from their start time and
+// the server's clock.
 // Access is the session cookie busd web set when the printed URL was opened
 // (HttpOnly: this script never sees it); answers are JSON POSTs, which the
 // server takes from this origin only.
@@ -12,12 +14,19 @@
     readOnly: false, // busd web --read-only: show, never answer nor cancel
     sessions: new Map(), // session_id -> snapshot
     selected: null,
-    pinned: false, // the user chose a tab: stop following the latest activity
+    pinned: false, // the user chose this session (a tab, an answer, a cancel): stay on it
+    wanted: null, // the #session_id of the address (a reload): open it once it is there
     offset: 0, // server clock minus ours, in seconds
     open: new Set(), // keys of expanded <details>
     posting: new Set(), // request ids and run ids with a POST in flight
     errors: new Map(), // request id or run id -> message of the last failed POST
   };
+
+  try {
+    state.wanted = decodeURIComponent(location.hash.slice(1)) || null;
+  } catch {
+    // not an address this page wrote: ignore it
+  }
 
   const $nav = document.getElementById("sessions");
   const $main = document.getElementById("session");
@@ -61,15 +70,6 @@
       { class: "timer", testid: "timer", data: { startedTs: String(startedTs) } },
       duration(serverNow() - startedTs),
     );
-  }
-
-  function inputSummary(input) {
-    if (!input || typeof input !== "object") return "";
-    for (const key of ["command", "file_path", "path", "pattern", "url", "query", "description"]) {
-      if (typeof input[key] === "string") return input[key];
-    }
-    const text = JSON.stringify(input);
-    return text === "{}" ? "" : text;
   }
 
   function details(key, summary, ...body) {
@@ -134,17 +134,30 @@
 
   function renderTool(view, block) {
     const key = `${view.session_id}:tool:${block.tool_call_id}`;
-    const time =
-      block.duration_s === null || block.duration_s === undefined
-        ? timer(block.started_ts)
-        : el("span", { class: "timer" }, duration(block.duration_s));
+    // A call whose permission request waits has not started: no timer until it is answered.
+    const waiting = Boolean(block.waiting) && block.status === "running";
+    let time = null;
+    if (block.duration_s !== null && block.duration_s !== undefined) {
+      time = el("span", { class: "timer" }, duration(block.duration_s));
+    } else if (!waiting) {
+      time = timer(block.started_ts);
+    }
+    // `Write(/path)`, as `busd watch` writes it: the summary is the server's.
+    const call = el(
+      "span",
+      { class: "tool-call", testid: "tool-call" },
+      el("span", { class: "tool-name", testid: "tool-name" }, block.name),
+      block.summary
+        ? el("span", { class: "tool-input", title: block.summary }, `(${block.summary})`)
+        : null,
+    );
     const head = el(
       "span",
       { class: "tool-head" },
       el("span", { class: "mark" }, TOOL_MARK[block.status] || "?"),
-      el("span", { class: "tool-name", testid: "tool-name" }, block.name),
-      el("span", { class: "tool-input" }, inputSummary(block.input)),
-      el("span", { class: "tool-status", testid: "tool-status" }, block.status),
+      call,
+      el("span", { class: "tool-status", testid: "tool-status" },
+        waiting ? "waiting for an answer" : block.status),
       time,
       block.timed_out ? el("span", { class: "warn" }, "over its time limit") : null,
     );
@@ -197,7 +210,9 @@
         `Allow ${block.tool}?`,
         block.title ? el("span", { class: "permission-about" }, ` ${block.title}`) : null,
       ),
-      el("div", { class: "permission-input" }, inputSummary(block.input)),
+      block.summary
+        ? el("div", { class: "permission-input", testid: "permission-input" }, block.summary)
+        : null,
     );
     if (block.state === "pending" && state.readOnly) {
       card.append(
@@ -252,9 +267,30 @@
 
   // -- the session --------------------------------------------------------------------
 
+  const NO_WINDOW =
+    "busd does not know this model's context window, so there is no bar to fill: " +
+    "[context.windows] in busd serve's config sets it (docs/accounting.md)";
+
   function renderContext(view) {
     const ctx = view.context;
     if (!ctx) return null;
+    const line = view.context_line || "";
+    if (!ctx.window) {
+      // What it holds, and no bar: a bar needs a size to be a share of. The words
+      // "window unknown" (the view model's, else ours) carry how to give it one.
+      const unknown = () =>
+        el("span", { class: "window-unknown", testid: "window-unknown", title: NO_WINDOW },
+          "window unknown");
+      const at = line.indexOf("window unknown");
+      const words = at < 0
+        ? [line, " · ", unknown()]
+        : [line.slice(0, at), unknown(), line.slice(at + "window unknown".length)];
+      return el(
+        "div",
+        { class: "context no-window", testid: "context", data: { used: String(ctx.used) } },
+        el("div", { class: "context-line", testid: "context-line" }, ...words),
+      );
+    }
     const parts = ctx.breakdown || {};
     const known = (parts.system || 0) + (parts.tools || 0) + (parts.messages || 0);
     const segments = [
@@ -262,16 +298,14 @@
       ["tools", parts.tools || 0],
       ["messages", parts.messages || 0],
       ["other", Math.max(0, ctx.used - known)], // used but not broken down
-      ["free", parts.free ?? (ctx.window ? Math.max(0, ctx.window - ctx.used) : 0)],
+      ["free", parts.free ?? Math.max(0, ctx.window - ctx.used)],
     ];
-    const total = ctx.window || segments.reduce((sum, [, value]) => sum + value, 0) || 1;
     const bar = el("div", {
-      class: "context-bar" + (ctx.window ? "" : " no-window"),
-      title: ctx.window ? null : "window size unknown: the bar shows what the context holds",
+      class: "context-bar",
       testid: "context-bar",
       role: "img",
-      "aria-label": view.context_line || "",
-      data: { used: String(ctx.used), window: String(ctx.window ?? "") },
+      "aria-label": line,
+      data: { used: String(ctx.used), window: String(ctx.window) },
     });
     for (const [name, value] of segments) {
       if (!value) continue;
@@ -281,14 +315,14 @@
         title: `${name}: ${value.toLocaleString()} tokens`,
         data: { tokens: String(value) },
       });
-      segment.style.width = `${Math.min(100, (value / total) * 100)}%`;
+      segment.style.width = `${Math.min(100, (value / ctx.window) * 100)}%`;
       bar.append(segment);
     }
     return el(
       "div",
       { class: "context", testid: "context" },
       bar,
-      el("div", { class: "context-line", testid: "context-line" }, view.context_line || ""),
+      el("div", { class: "context-line", testid: "context-line" }, line),
     );
   }
 
@@ -301,10 +335,13 @@
       el(
         "div",
         { class: "session-head" },
-        el("h2", { testid: "session-title" }, view.title || view.session_id),
+        el("h2", { testid: "session-title", title: view.label || null },
+          view.label || view.session_id),
         el(
           "div",
           { class: "meta" },
+          view.label ? el("span", { class: "session-id", testid: "session-id" }, view.session_id)
+            : null,
           view.model ? el("span", { testid: "session-model" }, view.model) : null,
           view.adapter ? el("span", { testid: "session-adapter" }, view.adapter) : null,
           view.run_status
@@ -320,7 +357,7 @@
                   class: "cancel",
                   testid: "cancel-run",
                   disabled: state.posting.has(view.run_id),
-                  onclick: () => postCancel(view.run_id),
+                  onclick: () => postCancel(view.session_id, view.run_id),
                 },
                 "Cancel run",
               )
@@ -337,30 +374,58 @@
     );
   }
 
-  function renderTabs() {
-    $nav.replaceChildren(
-      ...[...state.sessions.values()].map((view) => {
-        const pending = countPending(view);
-        return el(
-          "button",
-          {
-            type: "button",
-            class: "tab" + (view.session_id === state.selected ? " active" : ""),
-            testid: "session-tab",
-            data: { sessionId: view.session_id, busy: String(view.busy) },
-            onclick: () => {
-              state.selected = view.session_id;
-              state.pinned = true;
-              render();
-            },
-          },
-          el("span", { class: "tab-title" }, view.title || view.session_id),
-          el("span", { class: "tab-meta" }, [view.adapter, view.model].filter(Boolean).join(" · ")),
-          view.busy ? el("span", { class: "busy-dot", title: "busy" }) : null,
-          pending ? el("span", { class: "badge", testid: "pending-count" }, String(pending)) : null,
-        );
-      }),
+  // A session's state (the server's word for it) as its tab says it.
+  const STATE_TEXT = {
+    waiting: "waiting for you",
+    running: "running",
+    done: "done",
+    cancelled: "cancelled",
+    failed: "failed",
+    idle: "idle",
+  };
+
+  function stateText(view) {
+    if (view.state === "waiting" && state.readOnly) return "waiting for an answer";
+    return STATE_TEXT[view.state] || view.state || "";
+  }
+
+  function stateDetail(view) {
+    if (view.run_status === "timed_out") return "the run timed out";
+    if (view.finished && view.finished.error) return view.finished.error;
+    if (view.cancelled_by) return `cancelled by ${view.cancelled_by}`;
+    return view.status_line || view.summary_line || null;
+  }
+
+  function renderTab(view) {
+    const pending = countPending(view);
+    const label = view.label || view.session_id;
+    const agent = [view.adapter, view.model].filter(Boolean).join(" · ");
+    return el(
+      "button",
+      {
+        type: "button",
+        class: `tab ${view.state || ""}` + (view.session_id === state.selected ? " active" : ""),
+        testid: "session-tab",
+        title: view.label ? `${view.label}\n${view.session_id}` : view.session_id,
+        "aria-current": view.session_id === state.selected ? "true" : null,
+        data: { sessionId: view.session_id, busy: String(view.busy), state: view.state || "" },
+        onclick: () => {
+          choose(view.session_id);
+          render();
+        },
+      },
+      el("span", { class: "tab-dot", "aria-hidden": "true" }),
+      el("span", { class: "tab-title", testid: "tab-title" }, label),
+      pending ? el("span", { class: "badge", testid: "pending-count" }, String(pending)) : null,
+      el("span", { class: "tab-state", testid: "tab-state", title: stateDetail(view) },
+        stateText(view)),
+      el("span", { class: "tab-model", testid: "tab-model", title: agent || null },
+        agent || "no agent or model reported"), // every tab as tall as the others
     );
+  }
+
+  function renderTabs() {
+    $nav.replaceChildren(...[...state.sessions.values()].map(renderTab));
   }
 
   function countPending(view) {
@@ -385,17 +450,56 @@
     });
   }
 
-  function draw() {
-    if (!state.pinned || !state.sessions.has(state.selected)) {
-      let latest = null;
-      for (const view of state.sessions.values()) {
-        if (!latest || view.last_seq > latest.last_seq) latest = view;
-      }
-      state.selected = latest ? latest.session_id : null;
+  // -- which session is open ------------------------------------------------------------
+  // The user's choice once they made one (a tab clicked, a request answered, a run
+  // cancelled, or the #session in the address of a reload). Until then the one that
+  // needs them (a pending request: the first in the list), else the latest active;
+  // then the page follows the work as `busd watch` does: to a session that asks, or
+  // one that starts working while the open one is at rest, never away from a request.
+
+  function choose(sessionId) {
+    state.selected = sessionId;
+    state.pinned = true;
+    state.wanted = null;
+    history.replaceState(null, "", `#${encodeURIComponent(sessionId)}`);
+  }
+
+  function firstChoice() {
+    let latest = null;
+    for (const view of state.sessions.values()) {
+      if (view.state === "waiting") return view.session_id;
+      if (!latest || view.last_seq > latest.last_seq) latest = view;
     }
+    return latest ? latest.session_id : null;
+  }
+
+  function settle(changed) {
+    if (state.wanted && state.sessions.has(state.wanted)) choose(state.wanted);
+    const current = state.sessions.get(state.selected);
+    if (!current) {
+      state.pinned = false; // its session is gone (a daemon without its history)
+      state.selected = firstChoice();
+      return;
+    }
+    if (state.pinned || current.state === "waiting") return;
+    const view = changed && changed !== state.selected ? state.sessions.get(changed) : null;
+    if (view && (view.state === "waiting" || (view.busy && !current.busy))) {
+      state.selected = changed;
+    }
+  }
+
+  let shown = null; // the session drawn last: a new one's tab is scrolled into view
+  function draw() {
     renderTabs();
+    const switched = state.selected !== shown;
+    if (switched) {
+      shown = state.selected;
+      const tab = $nav.querySelector(".tab.active");
+      if (tab) tab.scrollIntoView({ block: "nearest" });
+    }
     const view = state.sessions.get(state.selected);
-    const stick = $main.scrollHeight - $main.scrollTop - $main.clientHeight < 40;
+    // Newest at the bottom, kept in view unless the reader scrolled up (a new session: its end).
+    const stick = switched || $main.scrollHeight - $main.scrollTop - $main.clientHeight < 40;
     $main.replaceChildren(
       view
         ? renderSession(view)
@@ -451,12 +555,14 @@
       document.body.dataset.readOnly = String(state.readOnly);
       $name.textContent = state.readOnly ? `read-only: ${data.name}` : `answering as ${data.name}`;
       state.sessions = new Map(data.sessions.map((view) => [view.session_id, view]));
+      settle(null);
       render();
     });
     source.addEventListener("session", (event) => {
       const view = JSON.parse(event.data);
       clock(view.now);
       state.sessions.set(view.session_id, view);
+      settle(view.session_id);
       render();
     });
     source.addEventListener("status", (event) => {
@@ -502,11 +608,14 @@
     }
   }
 
+  // Answering or cancelling is choosing the session: the page stays on it afterwards.
   function postPermission(sessionId, requestId, answer) {
+    choose(sessionId);
     return post("/api/permission", requestId, { session_id: sessionId, request_id: requestId, ...answer });
   }
 
-  function postCancel(runId) {
+  function postCancel(sessionId, runId) {
+    choose(sessionId);
     return post("/api/cancel", runId, { run_id: runId });
   }
 
