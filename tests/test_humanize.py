@@ -14,6 +14,7 @@ from busd.frontends.humanize import (
     format_took,
     status_line,
     summary_line,
+    tool_head,
 )
 
 
@@ -137,3 +138,11 @@ def test_summary_line_without_tokens_or_thinking() -> None:
 )
 def test_format_took_says_under_a_second_rather_than_zero(seconds: float, text: str) -> None:
     assert format_took(seconds) == text
+
+
+def test_a_tool_is_named_by_the_one_thing_worth_reading_in_its_input() -> None:
+    assert tool_head("Write", {"file_path": "/tmp/a.txt", "content": "x"}) == "Write(/tmp/a.txt)"
+    assert tool_head("Bash", {"command": "ls\nrm -rf /"}) == "Bash(ls …)"
+    assert tool_head("Task", {}) == "Task"
+    # ACP names a tool after its command: the input would only say it again
+    assert tool_head("rm /tmp/x", {"command": "rm /tmp/x"}) == "rm /tmp/x"

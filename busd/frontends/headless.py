@@ -50,7 +50,7 @@ from ..core.events import (
     ToolStart,
 )
 from ..wire.address import EndpointError, resolve_socket_path
-from .humanize import format_duration, format_tokens, format_who, summary_line
+from .humanize import format_tokens, format_took, format_who, summary_line
 from .local import StartLocal
 from .view import models_line
 
@@ -301,7 +301,7 @@ class PrettyPrinter:
         if type(event) is ThinkingComplete:
             if event.duration_s is None or event.duration_s < 1:
                 return []
-            return [f"✻ Thought for {format_duration(event.duration_s)}"]
+            return [f"✻ Thought for {format_took(event.duration_s)}"]
         if type(event) is ToolStart:
             self._tools[event.tool_call_id] = event.name
             return [f"⏺ {event.name}({_brief(event.input) if event.input else ''})"]

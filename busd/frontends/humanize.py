@@ -16,16 +16,20 @@ from __future__ import annotations
 import math
 import os
 import re
+from typing import Any
 
 from ..core.events import StreamingStats
 
 __all__ = [
+    "clip",
     "format_duration",
     "format_tokens",
     "format_took",
     "format_who",
+    "input_summary",
     "status_line",
     "summary_line",
+    "tool_head",
 ]
 
 _IDENTITY = re.compile(r"(?P<name>.+)\[pid=(?P<pid>\d+|\?),uid=(?P<uid>\d+|\?)\]")
@@ -118,3 +122,49 @@ def summary_line(stats: StreamingStats, *, glyph: str = "✻") -> str:
     """The line left behind when a run is done: ``✻ Worked for 18s · ↓ 1.4k tokens``."""
     head = f"{glyph} Worked for" if glyph else "Worked for"
     return " · ".join([f"{head} {format_duration(stats.elapsed_s)}", *_details(stats)])
+
+
+# -- tools, as every frontend names them ------------------------------------------
+
+_PRIMARY_INPUT = (
+    "command",
+    "file_path",
+    "filePath",
+    "path",
+    "pattern",
+    "url",
+    "query",
+    "description",
+    "prompt",
+)
+
+
+def clip(text: str, limit: int, *, more: bool = True) -> str:
+    """The first line of ``text`` within ``limit``; `` …`` says (with ``more``) lines were cut."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if len(line) > limit:
+        return line[: limit - 1] + "…"
+    return line + (" …" if more and line != text.strip() else "")
+
+
+def input_summary(data: dict[str, Any], limit: int = 80) -> str:
+    """The one thing worth reading in a tool's input (its command, path, pattern...)."""
+    for key in _PRIMARY_INPUT:
+        value = data.get(key)
+        if isinstance(value, str) and value.strip():
+            return clip(value, limit)
+    parts = []
+    for key, value in data.items():
+        shown = value if isinstance(value, str) else repr(value)
+        parts.append(f"{key}={clip(shown, 40)}")
+    return clip(", ".join(parts), limit)
+
+
+def tool_head(name: str, data: dict[str, Any], limit: int = 80) -> str:
+    """``Write(path)``: the tool and the one thing worth reading in its input.
+
+    An input that only repeats the name (ACP names a tool after its command)
+    is left out.
+    """
+    summary = input_summary(data, limit)
+    return f"{name}({summary})" if summary and summary != name else name

@@ -18,14 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.text import Text
 
-from .humanize import format_duration, format_took
+from .humanize import clip, format_duration, format_took, input_summary, tool_head
 from .view import (
     AgentBlock,
     AgentView,
@@ -61,41 +60,7 @@ MAX_DEPTH = 4
 _TEXT_TAIL = 400
 """Source lines of one text block rendered on the live screen (the screen shows fewer)."""
 
-_PRIMARY_INPUT = (
-    "command",
-    "file_path",
-    "filePath",
-    "path",
-    "pattern",
-    "url",
-    "query",
-    "description",
-    "prompt",
-)
-
-
 # -- small pieces ---------------------------------------------------------------------
-
-
-def clip(text: str, limit: int, *, more: bool = True) -> str:
-    """The first line of ``text`` within ``limit``; `` …`` says (with ``more``) lines were cut."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    if len(line) > limit:
-        return line[: limit - 1] + "…"
-    return line + (" …" if more and line != text.strip() else "")
-
-
-def input_summary(data: dict[str, Any], limit: int = 80) -> str:
-    """The one thing worth reading in a tool's input (its command, path, pattern...)."""
-    for key in _PRIMARY_INPUT:
-        value = data.get(key)
-        if isinstance(value, str) and value.strip():
-            return clip(value, limit)
-    parts = []
-    for key, value in data.items():
-        shown = value if isinstance(value, str) else repr(value)
-        parts.append(f"{key}={clip(shown, 40)}")
-    return clip(", ".join(parts), limit)
 
 
 def tool_duration(seconds: float) -> str:
@@ -103,11 +68,6 @@ def tool_duration(seconds: float) -> str:
     if seconds < 60:
         return f"{math.floor(max(0.0, seconds) * 10) / 10:.1f}s"
     return format_duration(seconds)
-
-
-def _tool_head(name: str, data: dict[str, Any], limit: int = 80) -> str:
-    summary = input_summary(data, limit)
-    return f"{name}({summary})" if summary else name
 
 
 @dataclass(frozen=True)
@@ -234,7 +194,7 @@ def _render_tool(view: SessionView, block: ToolBlock, now: float, *, depth: int)
         head.append(f"{glyph} ", style=style)
         word = "" if block.status == "ok" else f"{block.status} "
         tail.append(f"  {word}{tool_duration(block.elapsed(now))}", style=style)
-    head.append(_tool_head(block.name, block.input, 1000), style="bold")
+    head.append(tool_head(block.name, block.input, 1000), style="bold")
     if block.timed_out:
         tail.append("  ⏱ over its time limit", style="yellow")
     parts: list[RenderableType] = [_Line(head, tail)]
@@ -514,7 +474,7 @@ def _block_lines(block: Block, printed: _Printed) -> list[str]:
         lines = []
         if not printed.started:
             printed.started = True
-            lines.append(f"⏺ {_tool_head(block.name, block.input)}")
+            lines.append(f"⏺ {tool_head(block.name, block.input)}")
         if block.status != "running":
             printed.ended = True
             glyph = {"ok": "✓", "error": "✗", "cancelled": "⊘"}[block.status]

@@ -44,7 +44,7 @@ from hypercorn.typing import ASGIFramework
 
 from ..client import Batch, Client, ClientSubscription, ConnectionLost, RequestFailed, connect
 from ..core.events import StreamingStats
-from .tui import input_summary
+from .humanize import input_summary
 from .view import PromptBlock, SessionView, Views
 from .webguard import (
     SECURITY_HEADERS,
@@ -442,7 +442,9 @@ def page_view(view: SessionView, now: float) -> dict[str, Any]:
         for block in agent["blocks"]:
             if block["kind"] in ("tool", "permission"):
                 limit = 80 if block["kind"] == "tool" else 100  # as the terminal clips them
-                block["summary"] = input_summary(block["input"], limit)
+                summary = input_summary(block["input"], limit)
+                repeats = block["kind"] == "tool" and summary == block["name"]
+                block["summary"] = "" if repeats else summary  # ACP names a tool by its command
     return data
 
 

@@ -105,7 +105,7 @@
       case "thinking": {
         const key = `${view.session_id}:thinking:${block.message_id}`;
         const head = block.done
-          ? el("span", {}, `Thought for ${duration(block.duration_s)}`)
+          ? el("span", {}, `Thought for ${block.duration_s < 1 ? "<1s" : duration(block.duration_s)}`)
           : el("span", {}, "Thinking… ", timer(block.started_ts));
         return el(
           "div",
