@@ -103,6 +103,11 @@ from .plugins.adapters import Emitted as Emitted
 from .plugins.adapters import Translator as Translator
 from .plugins.adapters import TranslatorStatistics as TranslatorStatistics
 from .plugins.adapters import as_mapping as as_mapping
+from .plugins.agenthooks import AgentHooks as AgentHooks
+from .plugins.agenthooks import Ask as Ask
+from .plugins.agenthooks import HookCommands as HookCommands
+from .plugins.agenthooks import Report as Report
+from .plugins.agenthooks import Settled as Settled
 from .plugins.attachers import Attacher as Attacher
 from .plugins.attachers import AttachOptions as AttachOptions
 from .plugins.attachers import Sink as Sink
@@ -147,9 +152,11 @@ __all__ = [
     "AccumulatorFull",
     "AccumulatorStatistics",
     "Adapter",
+    "AgentHooks",
     "add_usage",
     "AlreadyRunning",
     "as_mapping",
+    "Ask",
     "Attacher",
     "AttachOptions",
     "Batch",
@@ -200,6 +207,7 @@ __all__ = [
     "Handler",
     "HandlerError",
     "History",
+    "HookCommands",
     "HookFailure",
     "hookimpl",
     "HostConfig",
@@ -224,6 +232,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ProtocolError",
     "Replay",
+    "Report",
     "ReplayDriver",
     "NotJournaled",
     "RequestFailed",
@@ -239,6 +248,7 @@ __all__ = [
     "ServerFrameDecoder",
     "ServerHandshake",
     "Service",
+    "Settled",
     "Sink",
     "SessionRecord",
     "SessionRegistry",

@@ -13,6 +13,6 @@ def test_no_command_summary_is_cut_after_an_abbreviation() -> None:
     commands = result.output.split("Commands:\n", 1)[1].splitlines()
     assert len(commands) >= 15
     for line in commands:
-        name, summary = line.split(None, 1)
+        _name, summary = line.split(None, 1)
         assert not summary.rstrip(".").endswith(("e.g", "i.e", "etc", "vs")), line
         assert len(summary) > 20, line

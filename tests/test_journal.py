@@ -63,10 +63,10 @@ from busd.daemon.journalfile import (
     JournalReader,
     Page,
     Retention,
-    _chunks,
     parse_duration,
     parse_size,
 )
+from busd.daemon.journalrows import _chunks
 from busd.frontends.transcript import (
     ReasoningPart,
     TextPart,
@@ -1218,4 +1218,5 @@ def test_a_usage_column_without_a_breakdown_reads_as_an_empty_one() -> None:
     total, by_model = journalrows._usage(old)
     assert (total, by_model) == (TokenUsage(input_tokens=1, output_tokens=2), {})
     new = journalrows._usage_blob(TokenUsage(output_tokens=2), {"m": TokenUsage(output_tokens=2)})
+    assert new is not None
     assert msgspec.json.decode(new, type=TokenUsage) == TokenUsage(output_tokens=2)  # old readers

@@ -9,6 +9,7 @@ The ``main`` group is here; its commands are in one module per kind:
 - ``journal check``, ``journal recover``: a damaged journal (:mod:`.journal`);
 - ``run``: a headless agent run (:mod:`.run`);
 - ``attach``: follow an agent busd did not start (:mod:`.attach`);
+- ``hook``, ``hooks``, ``statusline``: an agent's own hooks report to busd (:mod:`.hooks`);
 - ``catalog``, ``status``, ``plugins``: what busd knows and runs (:mod:`.info`).
 
 What they share (``--socket``, failing with a message, running a client) is in
@@ -20,7 +21,7 @@ from __future__ import annotations
 import click
 
 from .._version import __version__
-from . import attach, frontends, history, info, journal, run, serve, stream
+from . import attach, frontends, history, hooks, info, journal, run, serve, stream
 
 __all__ = ["main"]
 
@@ -36,6 +37,8 @@ main.add_command(info.catalog)
 main.add_command(info.schema)
 main.add_command(frontends.demo)
 main.add_command(history.export)
+main.add_command(hooks.hook)
+main.add_command(hooks.hooks)
 main.add_command(stream.ingest)
 main.add_command(journal.journal_group)
 main.add_command(info.plugins)
@@ -44,6 +47,7 @@ main.add_command(run.run_command)
 main.add_command(serve.serve)
 main.add_command(history.sessions_command)
 main.add_command(info.status)
+main.add_command(hooks.statusline)
 main.add_command(stream.tail)
 main.add_command(frontends.watch)
 main.add_command(frontends.web)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Set
 
+from ..core.events import PermissionRequested
 from ..wire import (
     FORBIDDEN,
+    AskPermission,
     Error,
     ErrorInfo,
     Frame,
@@ -44,6 +46,13 @@ def forbidden(frame: Frame, *, role: Role, rights: Set[Right], runs: RunManager)
             why = runs.authority(None, session_id=session_id, run_id=None)
             if why is not None:
                 return f"{why}; nothing of the frame was ingested"
+        case Request(command=AskPermission() as ask):
+            # As a publish of the request would be: not into a driven session, and
+            # not under the id of a request the broker already knows.
+            request = PermissionRequested(request_id=ask.request_id or "", tool=ask.tool)
+            return runs.authority(
+                request if ask.request_id else None, session_id=ask.session_id, run_id=None
+            )
     return None
 
 

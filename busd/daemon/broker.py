@@ -9,6 +9,12 @@ A driver's request is decided in a fixed, documented order:
    ones get ``already_resolved``;
 4. nobody answered within the timeout (default: wait for ever): denied.
 
+An agent busd does not drive (a Claude Code hook) asks the same broker with
+``ask_permission`` (:meth:`PermissionBroker.ask`): policy, rules, then
+frontends decide as above, but nobody answering in time leaves the decision
+to the agent (``None``: the reply says ``unanswered``), and an asker that
+goes away withdraws its request (resolved ``cancelled``).
+
 Every request is published as ``stream.permission.requested`` (once, even if
 the adapter already published it from the raw stream) and every decision as
 ``stream.permission.resolved``, saying who decided.
@@ -34,13 +40,13 @@ from ..core.permissions import (
     match_rule,
 )
 
-__all__ = ["PermissionBroker"]
+__all__ = ["Asked", "PermissionBroker"]
 
 
 class _Pending:
     __slots__ = ("decision", "done", "request", "run_id", "session_id")
 
-    def __init__(self, request: PermissionRequested, session_id: str, run_id: str) -> None:
+    def __init__(self, request: PermissionRequested, session_id: str, run_id: str | None) -> None:
         self.request = request
         self.session_id = session_id
         self.run_id = run_id
@@ -158,6 +164,41 @@ class PermissionBroker:
                 return decision_for(request, allow=rule.action == "allow", by=f"rule:{index}")
         return None
 
+    # -- an agent busd does not drive (ask_permission) ----------------------------------
+
+    def ask(
+        self,
+        request: PermissionRequested,
+        *,
+        session_id: str,
+        agent_id: str | None,
+        source: str,
+        people: bool = True,
+    ) -> Asked:
+        """Publish ``request`` for an agent's hook; policy and rules may decide it at once.
+
+        Without a decision, it waits for the frontends (:meth:`Asked.wait`),
+        or, with ``people=False`` (no connection that may answer is there),
+        it is left to the agent at once. The caller makes sure
+        ``request.request_id`` is new (daemon/authority.py).
+        """
+        pending = _Pending(request, session_id, None)
+        self._pending[request.request_id] = pending
+        asked = Asked(self, pending)
+        try:
+            envelope = self._publish(
+                request, session_id=session_id, agent_id=agent_id, source=source
+            )
+            decision = self._decide_by_policy(request, envelope)
+        except BaseException:
+            asked.withdraw()
+            raise
+        if decision is not None:
+            self._resolve(pending, decision)
+        elif not people:
+            asked.unanswered("busd", "no frontend is connected to answer: the agent decides")
+        return asked
+
     # -- the frontends' side ----------------------------------------------------------
 
     def reply(
@@ -254,3 +295,46 @@ class PermissionBroker:
         store.move_to_end(key)
         while len(store) > self._remember:
             store.popitem(last=False)
+
+
+class Asked:
+    """An agent's request (``ask_permission``), from its publication to its decision."""
+
+    def __init__(self, broker: PermissionBroker, pending: _Pending) -> None:
+        self._broker = broker
+        self._pending = pending
+        self.request_id = pending.request.request_id
+        self._left_to_agent = False
+
+    async def wait(self, patience: float) -> PermissionDecision | None:
+        """The decision, or ``None`` when the agent decides (nobody answered in ``patience`` s).
+
+        Cancelled (the asking connection went away), the request is
+        withdrawn: resolved ``cancelled`` by ``busd``.
+        """
+        pending = self._pending
+        try:
+            if pending.decision is None:
+                with trio.move_on_after(patience):
+                    await pending.done.wait()
+            if pending.decision is None:
+                reason = f"nobody answered within {patience:g}s: the agent decides"
+                self.unanswered("timeout", reason)
+        finally:
+            self.withdraw()
+        return None if self._left_to_agent else pending.decision
+
+    def unanswered(self, by: str, reason: str) -> None:
+        """Nobody decided: resolved ``cancelled`` on the bus, the agent decides."""
+        if self._pending.decision is None:
+            self._left_to_agent = True
+            decision = PermissionDecision(outcome="cancelled", by=by, reason=reason)
+            self._broker._resolve(self._pending, decision)
+
+    def withdraw(self) -> None:
+        """The asker is gone: resolved ``cancelled`` if still open, and forgotten as pending."""
+        if self._pending.decision is None:
+            reason = "the asking agent went away"
+            decision = PermissionDecision(outcome="cancelled", by="busd", reason=reason)
+            self._broker._resolve(self._pending, decision)
+        self._broker._pending.pop(self.request_id, None)

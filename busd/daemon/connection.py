@@ -50,6 +50,7 @@ from ..wire import (
     TOO_MANY_REQUESTS,
     TOO_MANY_SUBSCRIPTIONS,
     UNKNOWN_SUBSCRIPTION,
+    AskPermission,
     Bye,
     Encoder,
     Error,
@@ -76,6 +77,7 @@ from ..wire import (
     identity,
 )
 from .acks import Acks
+from .asks import Asks
 from .authority import forbidden, refusal
 from .batching import BatchDispatcher
 from .commands import Failed, answer
@@ -156,6 +158,7 @@ class Connection:
         self._evicted: str | None = None  # why the server closed us before our hello
         self._unyielded = 0  # events published since the reader last let others run
         self._acks = Acks(daemon, self._queue, self._start_guarded)  # publish's ack: ID
+        self._asks = Asks(daemon, self._queue, self._start_guarded)  # ask_permission
 
     # -- life --------------------------------------------------------------------
 
@@ -589,6 +592,9 @@ class Connection:
                 message=f"more than {limit} replies are waiting to be read",
             )
             self._queue(Reply(id=frame.id, ok=False, error=error), reply=True)
+            return
+        if isinstance(frame.command, AskPermission):
+            self._asks.ask(frame.id, frame.command, source=self.name, rights=self._rights)
             return
         try:
             result = answer(self.daemon, frame.command, by=self.name)

@@ -21,6 +21,7 @@ import pluggy
 
 from ..core.events import Envelope, Event, PermissionRequested
 from .adapters import Adapter
+from .agenthooks import AgentHooks
 from .attachers import Attacher
 from .drivers import Driver
 from .host import PluginHost
@@ -29,6 +30,7 @@ __all__ = [
     "PROJECT",
     "Service",
     "busd_adapters",
+    "busd_agent_hooks",
     "busd_attachers",
     "busd_coalescing_key",
     "busd_drivers",
@@ -104,6 +106,22 @@ def busd_attachers() -> Sequence[Attacher]:
     When two plugins offer the same name, the one registered first wins.
 
     :return: the attachers.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def busd_agent_hooks() -> Sequence[AgentHooks]:
+    """Hook commands for agents that run commands at points of their life (Claude Code's hooks).
+
+    ``busd hooks NAME --install`` puts ``busd hook NAME`` into the agent's
+    settings; each call reads the agent's payload and reports events or asks
+    the permission broker, in the CLI process. The agent-specific part (its
+    payloads, answers and settings file) is the plugin's; see
+    :mod:`busd.plugins.agenthooks`. When two plugins offer the same name, the
+    one registered first wins.
+
+    :return: the agent hooks.
     """
     raise NotImplementedError
 

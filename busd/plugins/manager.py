@@ -35,6 +35,7 @@ from ..core.errors import PluginConfigError
 from ..core.events import Envelope, Event, PermissionRequested
 from . import hookspecs
 from .adapters import Adapter
+from .agenthooks import AgentHooks
 from .attachers import Attacher
 from .drivers import Driver
 from .host import PluginHost
@@ -196,6 +197,10 @@ class PluginManager:
     def attachers(self) -> dict[str, Attacher]:
         """Attachers by name; when two plugins offer one name, the first registered wins."""
         return self._named("busd_attachers", Attacher)
+
+    def agent_hooks(self) -> dict[str, AgentHooks]:
+        """Agent hooks by name; when two plugins offer one name, the first registered wins."""
+        return self._named("busd_agent_hooks", AgentHooks)
 
     def _named(self, hook: str, kind: type[Any]) -> dict[str, Any]:
         found: dict[str, tuple[str, Any]] = {}

@@ -21,7 +21,7 @@ from typing import (
 import msgspec
 
 from ..core.errors import BusdError
-from ..core.events import Event
+from ..core.events import Event, PermissionOption
 
 __all__ = [
     "ALREADY_RESOLVED",
@@ -61,6 +61,7 @@ __all__ = [
     "UNKNOWN_SUBSCRIPTION",
     "VERSION_MISMATCH",
     "AnyCommand",
+    "AskPermission",
     "Bye",
     "CancelRun",
     "ClientFrame",
@@ -370,6 +371,26 @@ class PermissionReply(Command, frozen=True, tag="permission_reply"):
     reason: str | None = None
 
 
+class AskPermission(Command, frozen=True, tag="ask_permission"):
+    """Ask busd's permission broker, for an agent busd does not drive (a hook).
+
+    The daemon publishes the request (``source``: the asking connection) and
+    replies with the decision once policy, a rule or a frontend gives one,
+    or ``unanswered`` after ``timeout`` seconds (docs/protocol.md).
+    """
+
+    session_id: str
+    tool: str
+    input: dict[str, Any] = {}
+    request_id: str | None = None
+    tool_call_id: str | None = None
+    agent_id: str | None = None
+    title: str | None = None
+    category: str | None = None
+    options: list[PermissionOption] = []
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60.0
+
+
 class Runs(Command, frozen=True, tag="runs"):
     """The runs this daemon started, with their status."""
 
@@ -377,7 +398,15 @@ class Runs(Command, frozen=True, tag="runs"):
 # To add a command: define a ``Command`` subclass with its ``tag`` and add it
 # here; decoders, the unknown_command check and the docs test pick it up.
 AnyCommand: TypeAlias = (
-    Status | Sessions | Snapshot | Stats | StartRun | CancelRun | PermissionReply | Runs
+    Status
+    | Sessions
+    | Snapshot
+    | Stats
+    | StartRun
+    | CancelRun
+    | PermissionReply
+    | AskPermission
+    | Runs
 )
 COMMANDS: tuple[type[Command], ...] = (
     Status,
@@ -387,6 +416,7 @@ COMMANDS: tuple[type[Command], ...] = (
     StartRun,
     CancelRun,
     PermissionReply,
+    AskPermission,
     Runs,
 )
 

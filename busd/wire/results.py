@@ -18,7 +18,14 @@ from ..core.permissions import PermissionDecision
 from ..core.sessions import SessionSnapshot, SessionSummary
 from .frames import Role
 
-__all__ = ["RESULTS", "AckResult", "RunSummary", "StartedRun", "StatusResult"]
+__all__ = [
+    "RESULTS",
+    "AckResult",
+    "AskPermissionResult",
+    "RunSummary",
+    "StartedRun",
+    "StatusResult",
+]
 
 
 class _Result(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,6 +109,22 @@ class AckResult(_Result, frozen=True):
     journaled: bool
 
 
+class AskPermissionResult(_Result, frozen=True):
+    """The ``ask_permission`` reply: the decision, or ``unanswered`` when nobody gave one.
+
+    ``unanswered``: no policy, rule or frontend decided within the request's
+    ``timeout`` (or no connection that may answer was there): the asking
+    agent decides by itself. ``by`` and ``reason`` are those of
+    ``stream.permission.resolved``.
+    """
+
+    request_id: str
+    outcome: Literal["allowed", "denied", "unanswered"]
+    option_id: str | None = None
+    by: str | None = None
+    reason: str | None = None
+
+
 RESULTS: dict[str, Any] = {
     "status": StatusResult,
     "sessions": list[SessionSummary],
@@ -111,6 +134,7 @@ RESULTS: dict[str, Any] = {
     "start_run": StartedRun,
     "cancel_run": RunSummary,
     "permission_reply": PermissionDecision,
+    "ask_permission": AskPermissionResult,
     "runs": list[RunSummary],
     "ack": AckResult,  # not a command: the reply to a publish or ingest with ack
 }

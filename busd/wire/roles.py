@@ -13,7 +13,8 @@ Roles say what a client may change. Reading (subscribing, ``status``,
 the four rights below are granted per role (:data:`DEFAULT_GRANTS`, the
 table in docs/operations.md) and a configuration may only take them away
 (:func:`narrow`). The defaults suit one person on one laptop: their
-terminal and web frontends start, cancel and answer; an agent publishes.
+terminal and web frontends start, cancel and answer; an agent publishes
+(``ask_permission`` too: it publishes a permission request).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ DEFAULT_GRANTS: Final[Mapping[Role, frozenset[Right]]] = MappingProxyType(
 )
 
 _COMMAND_RIGHTS: Final[Mapping[str, Right]] = {
+    "ask_permission": "publish",  # it publishes a request, as an agent would
     "start_run": "start_run",
     "cancel_run": "cancel_run",
     "permission_reply": "permission_reply",

@@ -51,3 +51,17 @@ def busd_drivers() -> Sequence[Driver]:
 def busd_attachers() -> Sequence[Attacher]:
     return [ClaudeCodeAttacher()]
 
+
+# Claude Code's hooks (busd hook claude-code): their adapter, and the agent hooks.
+@hookimpl(specname="busd_adapters")
+def busd_hooks_adapters() -> Sequence[Adapter]:
+    from .hooks import HooksAdapter
+
+    return [HooksAdapter()]
+
+
+@hookimpl
+def busd_agent_hooks() -> Sequence[object]:
+    from .hooks import ClaudeCodeHooks
+
+    return [ClaudeCodeHooks()]
