@@ -11,7 +11,7 @@ import msgspec
 
 from ..core.catalog import Catalog
 from ..core.events import Envelope, Event
-from ..daemon.journalfile import JournalError, JournalReader
+from ..daemon.journalfile import JournalError, JournalReader, SessionRecord
 from ..frontends.humanize import format_tokens
 from ..frontends.transcript import build_transcript, export_document
 from ._common import default_journal_path, fail
@@ -49,21 +49,47 @@ def sessions_command(journal_path: Path | None, limit: int | None, as_json: bool
     if not records:
         click.echo(f"no sessions in {reader.path}", err=True)
         return
-    click.echo(
-        f"{'SESSION':<22} {'LAST ACTIVE':<16} {'STATUS':<6} {'ADAPTER/MODEL':<32} "
-        f"{'EVENTS':>7} {'IN':>7} {'OUT':>7}  TITLE"
-    )
+    for line in session_table(records):
+        click.echo(line)
+
+
+def session_table(records: list[SessionRecord]) -> list[str]:
+    """The table ``busd sessions`` prints: columns as wide as what they hold.
+
+    ``IN`` is uncached input and ``CACHE`` the cache reads and writes beside
+    it (busd's meaning of input: docs/usage.md), so ``IN + CACHE`` is the
+    whole prompt; ``COST`` is ``-`` where the source said none.
+    """
+    header = ("SESSION", "LAST ACTIVE", "STATUS", "MODEL", "IN", "OUT", "CACHE", "COST", "TITLE")
+    rows: list[tuple[str, ...]] = []
     for r in records:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_ts))
-        agent = "/".join(part for part in (r.adapter, r.model) if part) or "-"
         usage = r.usage
-        tokens_in = "-" if usage is None else format_tokens(usage.input_tokens)
-        tokens_out = "-" if usage is None else format_tokens(usage.output_tokens)
-        title = (r.title or "") + (" (oldest events removed)" if r.truncated else "")
-        click.echo(
-            f"{r.session_id:<22} {when:<16} {r.status:<6} {agent[:32]:<32} "
-            f"{r.events:>7} {tokens_in:>7} {tokens_out:>7}  {title}".rstrip()
+        cost = usage.cost_usd if usage is not None else None
+        rows.append(
+            (
+                r.session_id,
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_ts)),
+                r.status,
+                r.model or r.adapter or "-",
+                "-" if usage is None else format_tokens(usage.input_tokens),
+                "-" if usage is None else format_tokens(usage.output_tokens),
+                "-"
+                if usage is None
+                else format_tokens(usage.cache_read_tokens + usage.cache_write_tokens),
+                "-" if cost is None else f"${cost:.2f}",
+                (r.title or "") + (" (oldest events removed)" if r.truncated else ""),
+            )
         )
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    right = {4, 5, 6, 7}  # the figures
+    lines = []
+    for row in [header, *rows]:
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=False))
+        ]
+        lines.append(("  ".join(cells) + "  " + row[-1]).rstrip())
+    return lines
 
 
 @click.command()

@@ -11,6 +11,7 @@ import math
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import click
 import msgspec
@@ -183,8 +184,8 @@ def status(socket_path: Path | None, as_json: bool, one_line: bool, session_id: 
         if as_json:
             click.echo(msgspec.json.format(msgspec.json.encode(result), indent=2))
         else:
-            for key, value in result.items():
-                click.echo(f"{key + ':':<28} {value}")
+            for line in status_lines(result):
+                click.echo(line)
         return 0
 
     run_client(run)
@@ -232,3 +233,30 @@ def plugins(as_json: bool) -> None:
         click.echo(f"agent hooks: {', '.join(sorted(agent_hooks))}")
     for failure in manager.failures:
         click.echo(f"FAILED {failure.plugin}: {failure.hook}: {failure.error}", err=True)
+
+
+def status_lines(result: dict[str, Any], indent: str = "") -> list[str]:
+    """``busd status`` for people: one line per figure, tables nested, lists joined."""
+    lines: list[str] = []
+    width = 28 - len(indent)
+    for key, value in result.items():
+        label = f"{indent}{key + ':':<{width}}"
+        if isinstance(value, dict) and value:
+            if all(isinstance(v, list) for v in value.values()):  # roles: role -> rights
+                lines.append(label.rstrip())
+                lines += [
+                    f"{indent}  {name + ':':<{width - 2}} {', '.join(map(str, v)) or '-'}"
+                    for name, v in value.items()
+                ]
+            elif all(isinstance(v, (int, float)) for v in value.values()):  # counts
+                lines.append(f"{label} {', '.join(f'{k} {v}' for k, v in value.items())}")
+            else:
+                lines.append(label.rstrip())
+                lines += status_lines(value, indent + "  ")
+        elif isinstance(value, list):
+            lines.append(f"{label} {', '.join(map(str, value)) or '-'}")
+        elif isinstance(value, dict) or value is None:
+            lines.append(f"{label} -")
+        else:
+            lines.append(f"{label} {value}")
+    return lines
