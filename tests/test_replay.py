@@ -38,6 +38,7 @@ from busd.core.events import (
     PermissionResolved,
     RunCancelled,
     RunFinished,
+    RunStarted,
     SessionError,
     SessionStart,
     TokenUsage,
@@ -185,6 +186,7 @@ async def replay(
     answer: Answer = allow,
     on_event: Callable[[Envelope[Event], str], Awaitable[None]] | None = None,
     arrivals: list[float] | None = None,
+    request_id: str | None = None,
     **options: Any,
 ) -> tuple[str, list[Envelope[Event]]]:
     """Start ``name`` with the replay driver; its envelopes up to ``busd.run.finished``.
@@ -195,7 +197,11 @@ async def replay(
     options.setdefault("speed", 0)
     async with client.subscribe([">"], window_ms=0, deltas="raw") as sub:
         started = await client.start_run(
-            ADAPTER.get(name, name), "replay it", driver="replay", options=options
+            ADAPTER.get(name, name),
+            "replay it",
+            driver="replay",
+            options=options,
+            request_id=request_id,
         )
         run_id = started["run_id"]
         seen: list[Envelope[Event]] = []
@@ -298,6 +304,28 @@ async def test_cancelling_a_replay_while_it_waits_for_its_next_event(sock_path: 
     assert (cancelled.by, cancelled.reason) == (ME, "enough")
     assert stream_types(seen) == translated("claude_code", lines=1)
     assert stream_types(seen)[0] == "stream.session.start"
+
+
+async def test_the_request_id_a_frontend_chose_is_on_every_run_event(sock_path: Path) -> None:
+    """ac-dc correlates each callback by its own id, before it knows the run_id (issue 22)."""
+
+    async def cancel_once_started(envelope: Envelope[Event], run_id: str) -> None:
+        if type(envelope.event) is SessionStart:
+            await client.cancel_run(run_id)
+
+    async with (
+        running_daemon(sock_path, plugins=plugins()),
+        connect(sock_path, client=CLIENT) as client,
+    ):
+        _, seen = await replay(
+            client, "claude_code", speed=0.001, on_event=cancel_once_started, request_id="q-7"
+        )
+        _, untagged = await replay(client, "claude_code")
+    [started] = of(seen, RunStarted)
+    [cancelled] = of(seen, RunCancelled)
+    assert started.request_id == cancelled.request_id == finished(seen).request_id == "q-7"
+    assert of(untagged, RunStarted)[0].request_id is None
+    assert finished(untagged).request_id is None
 
 
 async def test_cancelling_a_replay_while_it_waits_for_a_permission(sock_path: Path) -> None:

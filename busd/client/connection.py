@@ -515,11 +515,14 @@ class Client:
         max_turns: int | None = None,
         options: dict[str, Any] | None = None,
         driver: str | None = None,
+        request_id: str | None = None,
     ) -> dict[str, str]:
         """Start a run; returns ``{"run_id", "session_id"}`` at once, events follow.
 
         ``driver`` defaults to the one named like ``adapter``; ``"replay"``
         plays a recording (``options={"recording": ..., "speed": ...}``).
+        ``request_id`` is an id of the caller's choosing that every
+        ``busd.run.*`` event of the run repeats.
         """
         result: dict[str, str] = await self.request(
             StartRun(
@@ -533,6 +536,7 @@ class Client:
                 permission_mode=permission_mode,
                 max_turns=max_turns,
                 options=options or {},
+                request_id=request_id,
             )
         )
         return result

@@ -442,7 +442,11 @@ class ToolTimeout(Event, frozen=True, tag="busd.tool.timeout"):
 
 
 class RunStarted(Event, frozen=True, tag="busd.run.started"):
-    """The daemon started an agent run."""
+    """The daemon started an agent run.
+
+    ``request_id`` is the id the frontend chose for it in ``start_run``; every
+    ``busd.run.*`` event of the run repeats it.
+    """
 
     adapter: str
     model: str | None = None
@@ -455,6 +459,7 @@ class RunCancelled(Event, frozen=True, tag="busd.run.cancelled"):
 
     by: str | None = None
     reason: str | None = None
+    request_id: str | None = None
 
 
 class RunFinished(Event, frozen=True, tag="busd.run.finished"):
@@ -473,6 +478,7 @@ class RunFinished(Event, frozen=True, tag="busd.run.finished"):
     tools: list[ToolMetrics] = []
     context: ContextUsage | None = None
     error: str | None = None
+    request_id: str | None = None
 
 
 class InternalError(Event, frozen=True, tag="busd.internal.error"):

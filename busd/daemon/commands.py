@@ -71,6 +71,7 @@ def answer(daemon: Daemon, command: object, *, by: str) -> Any:
                     max_turns=command.max_turns,
                     options=command.options,
                     driver=command.driver,
+                    request_id=command.request_id,
                 )
             except RunRejected as exc:
                 raise Failed(exc.code, str(exc)) from None

@@ -97,6 +97,8 @@ class RunState:
     translator: Translator
     started_by: str
     started_at: float
+    request_id: str | None = None
+    """The frontend's own id for the run (``start_run``), echoed on every ``busd.run.*``."""
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     status: Status = "running"
     cancelled_by: str | None = None
@@ -252,6 +254,7 @@ class RunManager:
             translator=paired.translator(session_id=session),
             started_by=started_by,
             started_at=now,
+            request_id=request_id,
             last_activity=now,
             usage_before=(snapshot.usage if snapshot is not None else None) or TokenUsage(),
             models_before=dict(snapshot.usage_by_model) if snapshot is not None else {},
@@ -279,7 +282,7 @@ class RunManager:
         if state.cancelled_by is None:
             state.cancelled_by = by
             self.daemon.publish(
-                RunCancelled(by=by, reason=reason),
+                RunCancelled(by=by, reason=reason, request_id=state.request_id),
                 session_id=state.request.session_id,
                 run_id=run_id,
                 source=f"run/{state.request.adapter}",
@@ -417,6 +420,7 @@ class RunManager:
                 tools=state.tools.metrics(),
                 context=context.snapshot() if context is not None else None,
                 error=error,
+                request_id=state.request_id,
             ),
             session_id=session,
             run_id=state.run_id,

@@ -353,6 +353,8 @@ class StartRun(Command, frozen=True, tag="start_run"):
     permission_mode: str | None = None
     max_turns: int | None = None
     options: dict[str, Any] = {}
+    request_id: str | None = None
+    """The frontend's own id for the run, echoed on every ``busd.run.*`` event of it."""
 
 
 class CancelRun(Command, frozen=True, tag="cancel_run"):
