@@ -34,6 +34,8 @@ from busd.core.events import (
     StreamingStats,
     TextDelta,
     TokenUsage,
+    ToolComplete,
+    ToolStart,
     TurnEnd,
     Usage,
 )
@@ -391,6 +393,10 @@ async def test_status_sessions_snapshot_and_stats(sock_path: Path) -> None:
     ):
         await publisher.publish(SessionStart(model="claude-x", title="T"), session_id="s1")
         await publisher.publish(delta(1), session_id="s1")
+        await publisher.publish(ToolStart(tool_call_id="t1", name="Bash"), session_id="s1")
+        await publisher.publish(ToolComplete(tool_call_id="t1", status="error"), session_id="s1")
+        await publisher.publish(ToolStart(tool_call_id="t2", name="Bash"), session_id="s1")
+        await publisher.publish(ToolComplete(tool_call_id="t2", output="ok"), session_id="s1")
         await publisher.publish(Usage(tokens=TokenUsage(output_tokens=30)), session_id="s1")
         await publisher.publish(Usage(tokens=TokenUsage(output_tokens=30)), session_id="s1")
         await publisher.publish(TurnEnd(finish_reason="end_turn"), session_id="s1")
@@ -419,7 +425,12 @@ async def test_status_sessions_snapshot_and_stats(sock_path: Path) -> None:
         assert daemon_stats["bus"]["head_seq"] == status["head_seq"] or (
             daemon_stats["bus"]["head_seq"] > status["head_seq"]
         )
-        assert set(daemon_stats) == {"bus", "correlation", "history", "sessions", "flusher"}
+        assert set(daemon_stats) == {
+            *("bus", "correlation", "history", "sessions", "flusher", "tools")
+        }
+        bash = daemon_stats["tools"]["Bash"]  # simse's getToolMetrics, by name (issue 22)
+        assert (bash["name"], bash["calls"], bash["errors"]) == ("Bash", 2, 1)
+        assert bash["last_called"] is not None
         assert daemon_stats["flusher"]["flushes"] > 0  # the idle event went out directly
 
 

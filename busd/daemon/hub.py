@@ -678,5 +678,6 @@ class Daemon:
                 "history": self.history.statistics(),
                 "sessions": self.sessions.statistics(),
                 "flusher": self.flusher.statistics(),
+                "tools": {m.name: m for m in self._accounting.accountant.tools.metrics()},
             }
         )
