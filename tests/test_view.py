@@ -12,6 +12,7 @@ import pytest
 from busd.core.events import (
     AgentComplete,
     AgentStart,
+    ContextBasis,
     ContextBreakdown,
     ContextUsage,
     Envelope,
@@ -262,6 +263,20 @@ def test_context_line_and_snapshot_are_json() -> None:
     assert data["context_line"] == view.context_line()
     assert data["session_id"] == "s1"
     assert data["main"]["blocks"] == []
+
+
+def test_the_context_line_says_the_cache_hit_and_how_good_estimates_were() -> None:
+    """ac-dc's cache-hit figure and Dexto's estimate error, from busd.context's basis (issue 22)."""
+    feed = Feed()
+    basis = ContextBasis(
+        last_input=50_000, cache_read=42_600, cache_hit_percent=85.2, estimate_error_percent=3.4
+    )
+    feed(0, ContextUsage(used=54_500, window=200_000, percent=27.2, basis=basis))
+    line = feed.view.context_line()
+    assert line is not None
+    assert line.endswith(" · cache hit 85% · estimates ±3%")
+    feed(1, ContextUsage(used=100))  # before any call: neither figure exists yet
+    assert feed.view.context_line() == "context 100 · window unknown"
 
 
 def test_stale_and_sessionless_events_are_not_shown() -> None:

@@ -298,7 +298,11 @@ class SessionView(msgspec.Struct, kw_only=True):
         ]
 
     def context_line(self) -> str | None:
-        """``context 23.4k / 200.0k (12%) · system 3.1k · tools 9.8k · messages 10.5k``.
+        """``context 23.4k / 200.0k (12%) · system 3.1k · ... · cache hit 85% · estimates ±3%``.
+
+        The cache hit is the last call's share of its prompt read from the
+        cache; the estimate error, how far the figures shown before calls
+        were from their actual input on average (``busd.context``'s basis).
 
         A model whose window busd does not know: ``context 54.5k · window unknown · ...``.
         """
@@ -320,6 +324,11 @@ class SessionView(msgspec.Struct, kw_only=True):
                 parts.append(f"{name} {format_tokens(value)}")
         if b.free is not None:
             parts.append(f"free {format_tokens(b.free)}")
+        basis = ctx.basis
+        if basis.cache_hit_percent is not None:  # the last call's prompt, served from the cache
+            parts.append(f"cache hit {math.floor(basis.cache_hit_percent)}%")
+        if basis.estimate_error_percent is not None:
+            parts.append(f"estimates ±{math.floor(basis.estimate_error_percent)}%")
         return " · ".join(parts)
 
     def snapshot(self, now: float) -> dict[str, Any]:
