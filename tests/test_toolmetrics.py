@@ -53,8 +53,12 @@ def test_metrics_count_calls_errors_and_durations_per_tool_sorted_by_name() -> N
     tracker.observe(done("3"), now=6.0)
 
     assert tracker.metrics() == [
-        ToolMetrics(name="bash", calls=2, errors=1, total_s=4.0, mean_s=2.0, last_called=1005.0),
-        ToolMetrics(name="read", calls=1, errors=0, total_s=0.5, mean_s=0.5, last_called=1000.0),
+        ToolMetrics(
+            name="bash", calls=2, errors=1, total_s=4.0, mean_s=2.0, last_called=1005.0, last_s=1.0
+        ),
+        ToolMetrics(
+            name="read", calls=1, errors=0, total_s=0.5, mean_s=0.5, last_called=1000.0, last_s=0.5
+        ),
     ]
 
 
@@ -63,7 +67,7 @@ def test_the_events_own_duration_wins_over_the_observed_one() -> None:
     tracker.observe(start("1"), now=0.0)
     tracker.observe(done("1", duration_s=0.25), now=9.0)
     assert tracker.metric("bash") == ToolMetrics(
-        name="bash", calls=1, total_s=0.25, mean_s=0.25, last_called=0.0
+        name="bash", calls=1, total_s=0.25, mean_s=0.25, last_called=0.0, last_s=0.25
     )
 
 
@@ -95,7 +99,7 @@ def test_a_completion_without_a_start_counts_when_it_names_its_tool() -> None:
     tracker.observe(done("y"), now=6.0)  # no name: nothing to count it under
 
     assert tracker.metrics() == [
-        ToolMetrics(name="grep", calls=1, total_s=2.0, mean_s=2.0, last_called=0.0)
+        ToolMetrics(name="grep", calls=1, total_s=2.0, mean_s=2.0, last_called=0.0, last_s=2.0)
     ]
     assert tracker.statistics().unmatched_completions == 2
 
@@ -166,7 +170,7 @@ def test_a_completion_after_a_timeout_still_counts_with_its_real_duration() -> N
     tracker.observe(done("1", "error"), now=25.0)
 
     assert tracker.metric("bash") == ToolMetrics(
-        name="bash", calls=1, errors=1, total_s=25.0, mean_s=25.0, last_called=0.0
+        name="bash", calls=1, errors=1, total_s=25.0, mean_s=25.0, last_called=0.0, last_s=25.0
     )
     assert tracker.open_calls == 0
 

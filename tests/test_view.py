@@ -31,6 +31,7 @@ from busd.core.events import (
     ThinkingDelta,
     TokenUsage,
     ToolComplete,
+    ToolMetrics,
     ToolStart,
     ToolTimeout,
 )
@@ -218,6 +219,23 @@ def test_a_run_on_several_models_shows_each_models_share() -> None:
     assert models_line({"a": TokenUsage(output_tokens=1412), "b": TokenUsage()}) == (
         "a 1.4k out · b 0 out"
     )
+
+
+def test_a_finished_run_shows_its_tool_metrics() -> None:
+    """simse's getToolMetrics, in both frontends once the run is over (issue 22)."""
+    feed = Feed()
+    feed(0, RunStarted(adapter="a"), run_id="r")
+    assert feed.view.tools_line() is None
+    tools = [
+        ToolMetrics(name="Read", calls=1, total_s=0.2, mean_s=0.2, last_s=0.2),
+        ToolMetrics(name="Bash", calls=3, errors=1, total_s=3.6, mean_s=1.2, last_s=0.4),
+    ]
+    feed(9, RunFinished(status="ok", duration_s=9.0, tools=tools), run_id="r")
+    line = "tools: Bash 3 calls, 1 error, mean 1.2s, last 0.4s · Read 1 call, last 0.2s"
+    assert feed.view.tools_line() == line
+    assert feed.view.snapshot(T0 + 10)["tools_line"] == line
+    feed(10, RunStarted(adapter="a"), run_id="r2")  # the next run: its own, once it ends
+    assert feed.view.tools_line() is None
 
 
 def test_the_finished_runs_exact_usage_wins_over_the_live_estimate() -> None:

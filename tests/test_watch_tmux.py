@@ -260,7 +260,8 @@ async def test_plain_watchers_log_the_run_whether_asked_or_piped(sock_path: Path
         positions = [body.index(line) for line in expected]
         positions.append(next(i for i, line in enumerate(body) if line.startswith("✓ Write ")))
         assert positions == sorted(positions), (name, body)  # in the events' order
-        assert SUMMARY.fullmatch(body[-1]), (name, body)
+        assert SUMMARY.fullmatch(body[-2]), (name, body)
+        assert re.fullmatch(r"tools: Write 1 call, last \d+\.\ds", body[-1]), (name, body)
 
 
 async def test_watch_says_clearly_when_there_is_no_daemon_and_waits_out_a_restart(

@@ -119,6 +119,8 @@ class ToolMetrics(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     total_s: float = 0.0
     mean_s: float = 0.0
     last_called: float | None = None
+    last_s: float | None = None
+    """How long the last call that ended took."""
 
 
 class ContextBreakdown(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

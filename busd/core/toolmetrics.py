@@ -51,7 +51,7 @@ class _Call:
 
 
 class _Stat:
-    __slots__ = ("calls", "errors", "last_called", "timed", "total_s")
+    __slots__ = ("calls", "errors", "last_called", "last_s", "timed", "total_s")
 
     def __init__(self) -> None:
         self.calls = 0
@@ -59,6 +59,7 @@ class _Stat:
         self.timed = 0  # calls whose duration is known
         self.total_s = 0.0
         self.last_called: float | None = None
+        self.last_s: float | None = None  # the duration of the last call that ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,7 @@ class ToolTracker:
         if duration is not None:
             stat.timed += 1
             stat.total_s += max(0.0, duration)
+            stat.last_s = max(0.0, duration)
         if event.status == "error":
             stat.errors += 1
         self._finished(call_id)
@@ -326,4 +328,5 @@ def _metrics(name: str, stat: _Stat) -> ToolMetrics:
         total_s=stat.total_s,
         mean_s=stat.total_s / stat.timed if stat.timed else 0.0,
         last_called=stat.last_called,
+        last_s=stat.last_s,
     )

@@ -286,6 +286,9 @@ def pinned(view: SessionView, now: float, *, keys: bool = True) -> list[Renderab
         summary = view.summary_line()
         if summary:
             parts.append(Text(summary, style="bold"))
+        tools = view.tools_line()
+        if tools:
+            parts.append(Text(tools, style="dim"))
         outcome = outcome_line(view)
         if outcome:
             parts.append(Text(outcome, style="red"))
@@ -365,6 +368,9 @@ class PlainLog:
                 if summary is not None and summary != self._summary.get(session_id):
                     out.append(f"[{session_id}] {summary}")
                     self._summary[session_id] = summary
+                    tools = view.tools_line()
+                    if tools is not None:
+                        out.append(f"[{session_id}] {tools}")
                 if outcome is not None and outcome != self._outcome.get(session_id):
                     out.append(f"[{session_id}] {outcome}")
                 self._outcome[session_id] = outcome

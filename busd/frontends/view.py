@@ -289,6 +289,26 @@ class SessionView(msgspec.Struct, kw_only=True):
         models = models_line(self.finished.models) if self.finished is not None else None
         return line if models is None else f"{line} · {models}"
 
+    def tools_line(self) -> str | None:
+        """``tools: Bash 3 calls, 1 error, mean 1.2s, last 0.4s · Read 2 calls, ...``.
+
+        The last run's tool metrics (``busd.run.finished``), most called first:
+        simse's tool metrics, shown once the run is over.
+        """
+        if self.busy or self.finished is None or not self.finished.tools:
+            return None
+        parts = []
+        for m in sorted(self.finished.tools, key=lambda m: (-m.calls, m.name)):
+            part = f"{m.name} {m.calls} call{'s' if m.calls != 1 else ''}"
+            if m.errors:
+                part += f", {m.errors} error{'s' if m.errors != 1 else ''}"
+            if m.calls > 1 and m.mean_s:
+                part += f", mean {m.mean_s:.1f}s"
+            if m.last_s is not None:
+                part += f", last {m.last_s:.1f}s"
+            parts.append(part)
+        return "tools: " + " · ".join(parts)
+
     def pending_permissions(self) -> list[PermissionBlock]:
         return [
             block
@@ -327,8 +347,9 @@ class SessionView(msgspec.Struct, kw_only=True):
         basis = ctx.basis
         if basis.cache_hit_percent is not None:  # the last call's prompt, served from the cache
             parts.append(f"cache hit {math.floor(basis.cache_hit_percent)}%")
-        if basis.estimate_error_percent is not None:
-            parts.append(f"estimates ±{math.floor(basis.estimate_error_percent)}%")
+        error = basis.estimate_error_percent
+        if error is not None:
+            parts.append(f"estimates ±{math.floor(error)}%" if error >= 1 else "estimates ±<1%")
         return " · ".join(parts)
 
     def snapshot(self, now: float) -> dict[str, Any]:
@@ -336,6 +357,7 @@ class SessionView(msgspec.Struct, kw_only=True):
         data: dict[str, Any] = msgspec.to_builtins(self)
         data["status_line"] = self.status_line(now)
         data["summary_line"] = self.summary_line()
+        data["tools_line"] = self.tools_line()
         data["context_line"] = self.context_line()
         data["now"] = now
         return data

@@ -371,6 +371,8 @@
         view.status_line || ""),
       el("div", { class: "summary-line", testid: "summary-line", hidden: !view.summary_line },
         view.summary_line || ""),
+      el("div", { class: "tools-line", testid: "tools-line", hidden: !view.tools_line },
+        view.tools_line || ""),
     );
   }
 
