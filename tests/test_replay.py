@@ -410,6 +410,9 @@ class FakeContext:
         self.asked.append(trio.current_time())
         return await self.answer(request)
 
+    def publish(self, event: Event) -> None:
+        raise AssertionError(f"this driver publishes nothing beside its SDK's events: {event}")
+
     def set_sdk_session(self, sdk_session_id: str) -> None:
         raise AssertionError("a replay has no SDK session to resume")
 

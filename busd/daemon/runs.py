@@ -156,6 +156,9 @@ class _Context:
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run's driver stops here
         return decision
 
+    def publish(self, event: Event) -> None:
+        self._manager._feed(self._state, [Emitted(event)])
+
     def set_sdk_session(self, sdk_session_id: str) -> None:
         self._state.sdk_session = sdk_session_id
         self._manager._sdk_sessions[self._state.request.session_id] = sdk_session_id

@@ -72,6 +72,15 @@ class RunContext(Protocol):
         """
         ...
 
+    def publish(self, event: Event) -> None:
+        """Publish a catalog event of this run that no SDK event carries.
+
+        For what a driver learns beside the stream: a token count taken
+        before the call (``stream.session.context``), a notice. It goes where
+        :meth:`feed`'s events go: this run, its session, ``source`` the run.
+        """
+        ...
+
     def set_sdk_session(self, sdk_session_id: str) -> None:
         """Remember the SDK's own session id, so a later run can ``resume`` it."""
         ...

@@ -84,6 +84,9 @@ class ScriptedContext:
         assert answer is not None
         return answer
 
+    def publish(self, event: Event) -> None:
+        raise AssertionError(f"this driver publishes nothing beside its SDK's events: {event}")
+
     def set_sdk_session(self, sdk_session_id: str) -> None:
         self.sdk_sessions.append(sdk_session_id)
 
@@ -276,6 +279,9 @@ class CancelOnSession(ScriptedContext):
     def __init__(self, request: RunRequest, scope: trio.CancelScope) -> None:
         super().__init__(request, [])
         self.scope = scope
+
+    def publish(self, event: Event) -> None:
+        raise AssertionError(f"this driver publishes nothing beside its SDK's events: {event}")
 
     def set_sdk_session(self, sdk_session_id: str) -> None:
         super().set_sdk_session(sdk_session_id)

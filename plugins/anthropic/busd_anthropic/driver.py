@@ -21,9 +21,14 @@ What a :class:`~busd.RunRequest` means here:
   the last user message.
 - ``options``: ``api_key``, ``auth_token``, ``base_url``, ``max_retries`` and
   ``default_headers`` configure the client (without them the SDK reads
-  ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL`` and the rest itself); every
-  other key goes to ``messages.create`` as it is (``max_tokens``, default
-  :data:`DEFAULT_MAX_TOKENS`; ``thinking``, ``tools``, ``temperature``, ...).
+  ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL`` and the rest itself);
+  ``count_tokens: true`` counts the request's input with
+  ``/v1/messages/count_tokens`` before the call and publishes the count as
+  ``stream.session.context``, so the context figure shown while the call runs
+  is the API's own, not an estimate (a failed count is logged and skipped);
+  every other key goes to ``messages.create`` as it is (``max_tokens``,
+  default :data:`DEFAULT_MAX_TOKENS`; ``thinking``, ``tools``,
+  ``temperature``, ...).
 
 Errors are the SDK's own exceptions. An ``error`` event in the stream, which
 the SDK raises as ``APIStatusError``, is fed first (so the run's events say
@@ -39,12 +44,13 @@ closed all the same; Trio finalizes them when they are collected, with a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import trio
 
-from busd import BusdError, RunContext, RunRequest
+from busd import BusdError, RunContext, RunRequest, SessionContext
 
 __all__ = [
     "CLIENT_OPTIONS",
@@ -66,6 +72,8 @@ CLIENT_OPTIONS: Final = frozenset(
 
 _CLOSE_TIMEOUT: Final = 2.0
 
+logger = logging.getLogger("busd.anthropic")
+
 
 class StreamIncomplete(BusdError, RuntimeError):
     """The response ended before ``message_stop``: the call was cut short."""
@@ -81,8 +89,11 @@ class AnthropicDriver:
         from anthropic import APIStatusError, AsyncAnthropic
 
         client_options, params = call_arguments(context.request)
+        count = bool(params.pop("count_tokens", False))
         client = AsyncAnthropic(**client_options)
         try:
+            if count:
+                await _count_tokens(client, params, context)
             stream = await client.messages.create(**params, stream=True)
             stopped = False
             try:
@@ -117,6 +128,24 @@ def call_arguments(request: RunRequest) -> tuple[dict[str, Any], dict[str, Any]]
     if request.system_prompt is not None:
         params["system"] = request.system_prompt
     return client_options, params
+
+
+_COUNTED: Final = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
+"""The ``messages.create`` arguments ``count_tokens`` takes: what makes up the input."""
+
+
+async def _count_tokens(client: Any, params: Mapping[str, Any], context: RunContext) -> None:
+    """The API's count of the call's input, as the session's context figure (if it answers)."""
+    from anthropic import AnthropicError
+
+    try:
+        counted = await client.messages.count_tokens(
+            **{key: params[key] for key in _COUNTED if key in params}
+        )
+    except AnthropicError as exc:  # a proxy without the endpoint: estimate as before
+        logger.warning("count_tokens failed (%s); the context figure stays an estimate", exc)
+        return
+    context.publish(SessionContext(used=counted.input_tokens))
 
 
 def _is_error_event(body: object) -> bool:

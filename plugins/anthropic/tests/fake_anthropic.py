@@ -50,8 +50,11 @@ class FakeMessagesAPI:
         status: int = 200,
         error_body: Mapping[str, Any] | None = None,
         pause_at: int | None = None,
+        input_tokens: int | None = None,
     ) -> None:
         self.events = events
+        self.input_tokens = input_tokens
+        """``POST /v1/messages/count_tokens`` answers this (``None``: 404, a proxy without it)."""
         self.status = status
         self.error_body = error_body
         self.pause_at = pause_at
@@ -83,7 +86,9 @@ class FakeMessagesAPI:
         buffer = bytearray()
         while (request := await _read_request(stream, buffer)) is not None:
             self.requests.append(request)
-            if request.method != "POST" or request.path != "/v1/messages":
+            if request.path == "/v1/messages/count_tokens" and self.input_tokens is not None:
+                await _send_json(stream, 200, {"input_tokens": self.input_tokens})
+            elif request.method != "POST" or request.path != "/v1/messages":
                 await _send_json(stream, 404, {"type": "error", "error": {"type": "not_found"}})
             elif self.status != 200:
                 await _send_json(stream, self.status, self.error_body or {})

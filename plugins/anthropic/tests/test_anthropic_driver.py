@@ -22,6 +22,7 @@ from busd import (
     PermissionRequested,
     RunContext,
     RunRequest,
+    SessionContext,
     SessionError,
     SessionIdle,
     TextComplete,
@@ -67,6 +68,9 @@ class RecordingContext:
 
     async def request_permission(self, request: PermissionRequested) -> PermissionDecision:
         raise AssertionError("the Messages API has no permission requests")
+
+    def publish(self, event: Event) -> None:
+        self.emitted.append(Emitted(event))
 
     def set_sdk_session(self, sdk_session_id: str) -> None:
         raise AssertionError("the Messages API has no session to resume")
@@ -258,3 +262,39 @@ async def test_cancelling_a_run_closes_the_connection_promptly(nursery: trio.Nur
     assert not returned  # cancellation propagated out of run()
     assert len(context.raw) == pause_at - 1
     assert not any(isinstance(e, TextComplete) for e in context.events())
+
+
+async def test_count_tokens_makes_the_context_figure_the_apis_own_before_the_call(
+    nursery: trio.Nursery,
+) -> None:
+    """Dexto's calibrated estimates: count the input exactly where the API can (issue 22)."""
+    server = await serve(nursery, FakeMessagesAPI(EVENTS, input_tokens=69))
+    tools = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    options = {"count_tokens": True, "tools": tools, "max_tokens": 100}
+    context = RecordingContext(run_request(server, options=options, system_prompt="Be brief."))
+    with trio.fail_after(2):
+        await AnthropicDriver().run(context)
+    events = context.events()
+    assert events[0] == SessionContext(used=69)  # before anything the call streams
+    counted, called = server.requests
+    assert counted.path == "/v1/messages/count_tokens"
+    assert counted.body == {  # what makes up the input, nothing about the answer
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "system": "Be brief.",
+        "tools": tools,
+    }
+    assert called.path == "/v1/messages"
+    assert "count_tokens" not in called.body
+
+
+async def test_a_count_the_api_refuses_leaves_the_estimate(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await serve(nursery, FakeMessagesAPI(EVENTS))  # no count_tokens endpoint: 404
+    context = RecordingContext(run_request(server, options={"count_tokens": True}))
+    with trio.fail_after(2):
+        await AnthropicDriver().run(context)
+    assert not [e for e in context.events() if isinstance(e, SessionContext)]
+    assert [r.path for r in server.requests] == ["/v1/messages/count_tokens", "/v1/messages"]
+    assert "count_tokens failed" in caplog.text

@@ -95,6 +95,9 @@ class ScriptedContext:
         assert answer is not None
         return answer
 
+    def publish(self, event: Event) -> None:
+        raise AssertionError(f"this driver publishes nothing beside its SDK's events: {event}")
+
     def set_sdk_session(self, sdk_session_id: str) -> None:
         self.sdk_sessions.append(sdk_session_id)
 

@@ -66,6 +66,9 @@ class Context:
         self.asking.set()
         return await self.answer(request)
 
+    def publish(self, event: Event) -> None:
+        raise AssertionError(f"this driver publishes nothing beside its SDK's events: {event}")
+
     def set_sdk_session(self, sdk_session_id: str) -> None:
         self.sdk_sessions.append(sdk_session_id)
 
