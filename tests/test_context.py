@@ -472,3 +472,14 @@ def test_a_correction_is_bounded_and_ignores_tiny_estimates() -> None:
     uncalibrated.call_started()
     uncalibrated.record_call(TokenUsage(input_tokens=2_500))
     assert uncalibrated.correction == 1.0
+
+
+def test_a_count_before_the_call_makes_the_figure_exact() -> None:
+    """The anthropic driver's count_tokens, as the context window sees it."""
+    context = ContextWindow(200_000)
+    context.add_message(1_234)  # the estimate of the prompt
+    context.observe_reported(None, 1_500)  # the API counted it before the call
+    context.call_started()
+    assert context.used == 1_500
+    context.record_call(TokenUsage(input_tokens=1_500, output_tokens=20))
+    assert context.statistics().last_error == 0
