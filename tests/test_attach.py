@@ -21,6 +21,7 @@ from busd import AttachOptions, Sink
 from busd.cli import main as cli
 from busd.cli.attach import ClientSink, _attach_once
 from busd.client import connect
+from busd.core.errors import lone_error
 from busd.core.events import TextComplete, TurnEnd
 from busd.daemon.hub import DaemonConfig
 from busd.plugins.manager import PluginManager
@@ -150,3 +151,12 @@ async def test_an_attacher_that_cannot_start_is_a_one_line_error(tmp_path: Path)
     said = result.stderr.decode()
     assert said.startswith("busd: no Claude Code transcripts: "), said
     assert len(said.splitlines()) == 1, said
+
+
+def test_a_lone_error_is_unwrapped_from_nested_groups_and_two_are_not() -> None:
+    """What lets `busd attach` and `busd web` say one line for one failure in a nursery."""
+    one = ValueError("no such directory")
+    assert lone_error(one) is one
+    assert lone_error(ExceptionGroup("outer", [ExceptionGroup("inner", [one])])) is one
+    two = ExceptionGroup("outer", [one, ExceptionGroup("inner", [KeyError("k")])])
+    assert lone_error(two) is None

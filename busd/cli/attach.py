@@ -13,7 +13,7 @@ import trio
 
 from ..client import Client, ConnectionLost, DaemonNotRunning, NotJournaled, RequestFailed
 from ..client import connect as busd_connect
-from ..core.errors import BusdError
+from ..core.errors import BusdError, lone_error
 from ..plugins.attachers import Attacher, AttachOptions
 from ..plugins.manager import PluginManager
 from ..wire import Ingest
@@ -193,16 +193,10 @@ async def _attach_once(
     try:
         return await _attach_connected(path, attacher, options, on_connect)
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if len(leaves) == 1 and isinstance(leaves[0], Exception):
-            raise leaves[0] from None
+        lone = lone_error(group)
+        if isinstance(lone, Exception):
+            raise lone from None
         raise
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 async def _attach_connected(

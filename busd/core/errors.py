@@ -7,6 +7,8 @@ generic handlers keep working.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class BusdError(Exception):
     """Base class of every error busd raises on purpose."""
@@ -33,3 +35,22 @@ class PluginConfigError(BusdError, ValueError):
     silently runs without the bridge its operator configured is worse than
     one that refuses to start.
     """
+
+
+def lone_error(error: BaseException) -> BaseException | None:
+    """The one error inside ``error`` and its nested groups, else ``None``.
+
+    A nursery wraps even a single failure in an ``ExceptionGroup``; a caller
+    that wants to say what went wrong (a port taken, a daemon gone, an
+    attacher that cannot start) unwraps it when there is exactly one.
+    """
+    leaves = list(_leaves(error))
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error

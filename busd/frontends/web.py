@@ -43,6 +43,7 @@ from hypercorn.trio import serve
 from hypercorn.typing import ASGIFramework
 
 from ..client import Batch, Client, ClientSubscription, ConnectionLost, RequestFailed, connect
+from ..core.errors import lone_error
 from ..core.events import StreamingStats
 from .humanize import input_summary
 from .view import PromptBlock, SessionView, Views
@@ -607,16 +608,10 @@ def _unwrapped(*kinds: type[BaseException]) -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if len(leaves) == 1 and isinstance(leaves[0], kinds):
-            raise leaves[0] from None
+        lone = lone_error(group)
+        if isinstance(lone, kinds):
+            raise lone from None
         raise
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 def _config(host: str, port: int) -> Config:

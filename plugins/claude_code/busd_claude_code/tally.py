@@ -200,11 +200,7 @@ def _add(a: TokenUsage, b: TokenUsage) -> TokenUsage:
         cost = a.cost_usd if b.cost_usd is None else b.cost_usd
     else:
         cost = a.cost_usd + b.cost_usd
-    return TokenUsage(
-        input_tokens=a.input_tokens + b.input_tokens,
-        output_tokens=a.output_tokens + b.output_tokens,
-        reasoning_tokens=a.reasoning_tokens + b.reasoning_tokens,
-        cache_read_tokens=a.cache_read_tokens + b.cache_read_tokens,
-        cache_write_tokens=a.cache_write_tokens + b.cache_write_tokens,
-        cost_usd=cost,
+    counts = add_usage(
+        msgspec.structs.replace(a, cost_usd=None), msgspec.structs.replace(b, cost_usd=None)
     )
+    return msgspec.structs.replace(counts, cost_usd=cost)
