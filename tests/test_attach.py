@@ -9,6 +9,9 @@ and the command's own errors.
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,8 @@ from busd.plugins.manager import PluginManager
 
 from .daemon_helpers import BUSD, running_daemon, serving
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sdk"
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "sdk"
 
 
 def _anthropic_stream() -> list[Any]:
@@ -160,3 +164,63 @@ def test_a_lone_error_is_unwrapped_from_nested_groups_and_two_are_not() -> None:
     assert lone_error(ExceptionGroup("outer", [ExceptionGroup("inner", [one])])) is one
     two = ExceptionGroup("outer", [one, ExceptionGroup("inner", [KeyError("k")])])
     assert lone_error(two) is None
+
+
+async def _sessions(journal: Path) -> dict[str, Any]:
+    result = await trio.run_process(
+        [*BUSD, "sessions", "--journal", str(journal), "--json"], capture_stdout=True
+    )
+    return {r["session_id"]: r["usage"] for r in json.loads(result.stdout)}
+
+
+async def _read_until(stream: trio.abc.ReceiveStream, needle: bytes, seen: bytearray) -> None:
+    while needle not in seen:
+        chunk = await stream.receive_some(4096)
+        assert chunk, f"ended before {needle!r}: {bytes(seen)!r}"
+        seen += chunk
+
+
+async def test_attach_waits_out_a_daemon_restart_and_counts_nothing_twice(tmp_path: Path) -> None:
+    """Claude Code keeps writing while the daemon restarts: busd attach says so and goes on."""
+    if "claude-code" not in _plugins().attachers():
+        pytest.skip("the claude-code plugin is not installed")
+    transcripts = ROOT / "plugins" / "claude_code" / "tests" / "fixtures" / "transcripts"
+    config = tmp_path / "config"
+    shutil.copytree(transcripts, config, copy_function=shutil.copy)  # modified now: followed
+    sock, journal = tmp_path / "bus.sock", tmp_path / "journal.sqlite3"
+    args = ["--socket", str(sock), "--dir", str(config), "--state-dir", str(tmp_path / "state")]
+    said = bytearray()
+    async with serving(sock, "--journal", str(journal)) as daemon:
+        attach = await trio.lowlevel.open_process(
+            [*BUSD, "attach", "claude-code", *args], stderr=subprocess.PIPE
+        )
+        assert attach.stderr is not None
+        try:
+            with trio.fail_after(30):  # another process's progress: polled, with a deadline
+                while len(before := await _sessions(journal)) < 4:  # noqa: ASYNC110
+                    await trio.sleep(0.2)
+            daemon.send_signal(signal.SIGTERM)
+            with trio.fail_after(30):
+                await _read_until(attach.stderr, b"reconnecting", said)
+        except BaseException:
+            attach.kill()
+            raise
+    try:
+        assert attach.returncode is None  # it waits for the daemon
+        async with serving(sock, "--journal", str(journal)):
+            with trio.fail_after(30):
+                await _read_until(attach.stderr, b"the daemon is back", said)
+            attach.send_signal(signal.SIGTERM)
+            with trio.fail_after(30):
+                code = await attach.wait()
+                await _read_until(attach.stderr, b"stopped", said)
+        assert await _sessions(journal) == before  # resumed from its resume points
+    finally:
+        if attach.returncode is None:
+            attach.kill()
+            await attach.wait()
+        await attach.stderr.aclose()
+    assert code == 0, said.decode()
+    text = said.decode()
+    assert text.count("lost the daemon") == 1, text
+    assert "Traceback" not in text

@@ -74,10 +74,10 @@ class ClientSink:
     async def checkpoint(self) -> bool:
         try:
             return (await self._client.acknowledge()).journaled
-        except NotJournaled as exc:
-            fail(f"sent, but not journaled: {exc}")
+        except NotJournaled as exc:  # raised, not exited: it crosses the attacher's nursery
+            raise BusdError(f"sent, but not journaled: {exc}") from None
         except RequestFailed as exc:
-            fail(f"the daemon refused what was sent: {exc}")
+            raise BusdError(f"the daemon refused what was sent: {exc}") from None
 
     def note(self, message: str) -> None:
         click.echo(f"busd: {message}", err=True)
@@ -152,30 +152,40 @@ def attach(
     options = AttachOptions(state_dir=state, once=once, url=url, directory=directory)
 
     async def run() -> int:
-        backoff = 0.5
-        lost = False  # once connected, a daemon that is away is waited for
+        link = _Link()
         while True:
             try:
-                return await _attach_once(path, attacher, options, on_connect=mark_connected)
+                return await _attach_once(path, attacher, options, on_connect=link.connected)
             except (ConnectionLost, DaemonNotRunning) as exc:
                 forbidden = isinstance(exc, ConnectionLost) and exc.reason == "forbidden"
-                if once or forbidden or not (lost or connected):
+                if once or forbidden or not link.ever:
                     raise
-                if not lost:
-                    click.echo(f"busd: lost the daemon ({exc}); reconnecting", err=True)
-                lost = True
+                link.lost(exc)
             except BusdError as exc:  # the attacher cannot go on: no such directory...
                 fail(str(exc), 2)
-            await trio.sleep(backoff)  # the daemon restarting: resume points say where to go on
-            backoff = min(backoff * 2, 10.0)
-
-    connected = False
-
-    def mark_connected() -> None:
-        nonlocal connected
-        connected = True
+            await trio.sleep(link.backoff)  # the daemon restarting: resume points say where
+            link.backoff = min(link.backoff * 2, 10.0)
 
     run_client(run)
+
+
+class _Link:
+    """The daemon connection across restarts: said once when lost, once when back."""
+
+    def __init__(self) -> None:
+        self.ever = False  # a daemon that was never reached is an error, not a wait
+        self.away = False
+        self.backoff = 0.5
+
+    def lost(self, exc: Exception) -> None:
+        if not self.away:
+            click.echo(f"busd: lost the daemon ({exc}); reconnecting", err=True)
+        self.away = True
+
+    def connected(self) -> None:
+        if self.away:
+            click.echo("busd: the daemon is back; resuming", err=True)
+        self.ever, self.away, self.backoff = True, False, 0.5
 
 
 async def _attach_once(
@@ -216,7 +226,14 @@ async def _attach_connected(
                         nursery.cancel_scope.cancel()
                         return
 
+                async def end_with_the_connection() -> None:
+                    """An idle attacher sends nothing: notice a daemon that went away anyway."""
+                    while (stats := await client.wait_connection_change()).connected:
+                        pass
+                    raise ConnectionLost("closed", stats.last_lost or "the daemon went away")
+
                 nursery.start_soon(stop_on_signal)
+                nursery.start_soon(end_with_the_connection)
                 await attacher.attach(sink, options)
                 nursery.cancel_scope.cancel()
         journaled = await sink.checkpoint()
