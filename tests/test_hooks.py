@@ -33,6 +33,7 @@ from busd.core.events import (
     TokenUsage,
     ToolComplete,
     ToolStart,
+    UserPrompt,
 )
 from busd.core.sessions import SessionSnapshot, SessionSummary
 from busd.daemon.hub import Daemon
@@ -166,6 +167,19 @@ def test_the_memory_of_tool_calls_is_bounded() -> None:
     assert seen.first(start[0])  # forgotten: the oldest went first
     assert seen.first(Emitted(ToolComplete(tool_call_id="t2"), "s"))  # another type
     assert seen.dropped == 1
+
+
+def test_a_prompt_seen_by_hooks_and_by_a_transcript_goes_out_once() -> None:
+    """Both carry Claude Code's prompt id; a prompt without one is never taken for another."""
+    seen = ToolCallsSeen()
+    hooked = Emitted(UserPrompt(text="Go.", prompt_id="p1"), "s")
+    written = Emitted(UserPrompt(text="Go.", prompt_id="p1"), "s")
+    assert seen.first(hooked)
+    assert not seen.first(written)
+    assert seen.first(Emitted(UserPrompt(text="Go.", prompt_id="p1"), "another session"))
+    anonymous = Emitted(UserPrompt(text="Go."), "s")
+    assert seen.first(anonymous)
+    assert seen.first(anonymous)
 
 
 # -- busd hook never breaks the agent ----------------------------------------------------

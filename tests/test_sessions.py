@@ -28,6 +28,7 @@ from busd.core.events import (
     ToolComplete,
     ToolStart,
     Usage,
+    UserPrompt,
 )
 from busd.core.sessions import SessionRegistry, SessionSnapshot, SessionSummary, SubAgent
 
@@ -449,3 +450,22 @@ def test_limits_must_be_positive() -> None:
         SessionRegistry(max_sessions=0)
     with pytest.raises(ValueError, match="max_open"):
         SessionRegistry(max_open=0)
+
+
+def test_a_session_without_a_title_is_named_by_its_first_prompt() -> None:
+    """As Claude Code's resume list names it; the agent's own title wins when it comes."""
+    registry = SessionRegistry()
+    seq = iter(range(1, 100))
+
+    def feed(event: Event) -> None:
+        registry.observe(Envelope(next(seq), 1.0, event, session_id="s"))
+
+    feed(UserPrompt(text="Fix the login bug\nand add a test"))
+    feed(UserPrompt(text="Thanks"))
+    snapshot = registry.snapshot("s")
+    assert snapshot is not None
+    assert snapshot.title == "Fix the login bug"
+    feed(SessionTitleChanged(title="Login fix"))
+    snapshot = registry.snapshot("s")
+    assert snapshot is not None
+    assert snapshot.title == "Login fix"

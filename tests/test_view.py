@@ -34,6 +34,7 @@ from busd.core.events import (
     ToolMetrics,
     ToolStart,
     ToolTimeout,
+    UserPrompt,
 )
 from busd.frontends.view import (
     AgentBlock,
@@ -295,6 +296,15 @@ def test_the_context_line_says_the_cache_hit_and_how_good_estimates_were() -> No
     assert line.endswith(" · cache hit 85% · estimates ±3%")
     feed(1, ContextUsage(used=100))  # before any call: neither figure exists yet
     assert feed.view.context_line() == "context 100 · window unknown"
+
+
+def test_a_prompt_from_the_agents_own_stream_is_shown_as_one() -> None:
+    """Sessions busd did not start say what was asked with stream.session.prompt."""
+    feed = Feed()
+    feed(0, UserPrompt(text="Please read my notes.", prompt_id="p1"))
+    [block] = feed.view.main.blocks
+    assert isinstance(block, PromptBlock)
+    assert block.text == "Please read my notes."
 
 
 def test_stale_and_sessionless_events_are_not_shown() -> None:

@@ -50,6 +50,7 @@ from .events import (
     TurnEnd,
     TurnStart,
     Usage,
+    UserPrompt,
 )
 from .windows import ModelWindow, ModelWindows
 
@@ -482,6 +483,8 @@ class ContextWindow:
         elif type(event) is RunStarted:
             if event.prompt:
                 self.add_message(event.prompt)
+        elif type(event) is UserPrompt:
+            self.add_message(event.text)
         elif type(event) is SessionCompaction:
             self.compacted(event.tokens_after)
             self._compacted_in_turn = self._turn_open

@@ -59,6 +59,7 @@ __all__ = [
     "TurnEnd",
     "TurnStart",
     "Usage",
+    "UserPrompt",
     "event_type",
 ]
 
@@ -169,6 +170,19 @@ class SessionStart(Event, frozen=True, tag="stream.session.start"):
     title: str | None = None
     cwd: str | None = None
     parent_session_id: str | None = None
+
+
+class UserPrompt(Event, frozen=True, tag="stream.session.prompt"):
+    """What the user asked, as the agent's own stream shows it.
+
+    From sessions busd did not start (Claude Code's transcripts and hooks);
+    a driven run's prompt is in ``busd.run.started``. ``prompt_id`` is the
+    agent's id for it, when it has one: two streams of one session (hooks
+    and transcripts) publish a prompt once.
+    """
+
+    text: str
+    prompt_id: str | None = None
 
 
 class SessionIdle(Event, frozen=True, tag="stream.session.idle"):

@@ -63,6 +63,7 @@ from .events import (
     ToolComplete,
     ToolStart,
     Usage,
+    UserPrompt,
 )
 from .usage import merge_cumulative
 
@@ -293,6 +294,14 @@ def _on_title(state: SessionState, envelope: Envelope[SessionTitleChanged], limi
     state.title = event.title
 
 
+def _on_prompt(state: SessionState, envelope: Envelope[UserPrompt], limit: int) -> None:
+    """A session without a title is named by its first prompt (as Claude Code's resume list)."""
+    if state.title is None:
+        first = envelope.event.text.strip().splitlines()
+        if first:
+            state.title = first[0] if len(first[0]) <= 80 else first[0][:79] + "…"
+
+
 def _settle(state: SessionState, status: SessionStatus, error: str | None) -> None:
     """The agent stopped: nothing it started can still be running or waiting."""
     state.status = status
@@ -424,6 +433,7 @@ _PASSIVE_STREAM_TAGS: Final = frozenset(
 _UPDATES: Final[dict[type[Event], _Update]] = {
     SessionStart: _on_start,
     SessionTitleChanged: _on_title,
+    UserPrompt: _on_prompt,
     SessionIdle: _on_idle,
     SessionError: _on_error,
     RunStarted: _on_run_started,

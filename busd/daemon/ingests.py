@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import trio
 
-from ..core.events import ToolComplete, ToolStart
+from ..core.events import ToolComplete, ToolStart, UserPrompt
 from ..plugins.adapters import Emitted, Translator
 from ..wire import FORBIDDEN, UNKNOWN_SDK, Error, Frame, Ingest
 from .hub import Daemon
@@ -43,9 +43,12 @@ class ToolCallsSeen:
     def first(self, emitted: Emitted) -> bool:
         """Whether ``emitted`` may go out: not a tool event some ingest stream already sent."""
         event = emitted.event
-        if not isinstance(event, ToolStart | ToolComplete):
+        if isinstance(event, ToolStart | ToolComplete):
+            key = (emitted.session_id, event.tool_call_id, type(event).__name__)
+        elif isinstance(event, UserPrompt) and event.prompt_id is not None:
+            key = (emitted.session_id, event.prompt_id, "UserPrompt")
+        else:
             return True
-        key = (emitted.session_id, event.tool_call_id, type(event).__name__)
         if key in self._keys:
             self.dropped += 1
             return False

@@ -51,6 +51,7 @@ from ..core.events import (
     ToolTimeout,
     TurnStart,
     Usage,
+    UserPrompt,
 )
 from .humanize import format_duration, format_tokens, format_who, status_line, summary_line
 
@@ -553,6 +554,8 @@ class SessionView(msgspec.Struct, kw_only=True):
             self.run_output_base = self.stats.output_tokens if self.stats is not None else 0
             if event.prompt:
                 blocks.append(PromptBlock(text=event.prompt, run_id=envelope.run_id))
+        elif isinstance(event, UserPrompt):
+            blocks.append(PromptBlock(text=event.text, run_id=envelope.run_id))
         elif isinstance(event, RunCancelled):
             self.cancelled_by = format_who(event.by) if event.by else event.by
         elif isinstance(event, RunFinished):

@@ -12,7 +12,7 @@ hook                      events (session id: Claude Code's ``session_id``)
 ``SessionStart``          ``stream.session.start`` (``cwd``, ``model``), then
                           ``stream.session.idle`` (it waits for a prompt)
 ``UserPromptSubmit``      ``stream.turn.start`` (turn id: ``prompt_id``) and
-                          ``stream.session.info`` with the prompt
+                          ``stream.session.prompt`` with the prompt
 ``PreToolUse``            ``stream.tool.start`` (tool call id: ``tool_use_id``)
 ``PostToolUse``           ``stream.tool.complete`` ``ok`` with the output
 ``PostToolUseFailure``    ``stream.tool.complete`` ``error`` (``cancelled``
@@ -51,6 +51,7 @@ from busd import (
     ToolStart,
     Translator,
     TurnStart,
+    UserPrompt,
     as_mapping,
 )
 
@@ -117,11 +118,11 @@ class HooksTranslator(Translator):
                 cwd, model = _str(payload.get("cwd")), payload.get("model")
                 events += [SessionStart(cwd=cwd, model=_str(model)), SessionIdle()]
             case "UserPromptSubmit":
-                events.append(TurnStart(turn_id=_str(payload.get("prompt_id"))))
+                prompt_id = _str(payload.get("prompt_id"))
+                events.append(TurnStart(turn_id=prompt_id))
                 prompt = _str(payload.get("prompt"))
-                if prompt is not None:
-                    shown = prompt if len(prompt) <= _PROMPT_SHOWN else prompt[:_PROMPT_SHOWN] + "…"
-                    events.append(SessionInfo(message=f"prompt: {shown}"))
+                if prompt is not None:  # once, with the transcript's (the same prompt id)
+                    events.append(UserPrompt(text=prompt, prompt_id=prompt_id))
             case "PreToolUse":
                 tool_input = payload.get("tool_input")
                 events.append(

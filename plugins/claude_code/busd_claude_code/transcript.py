@@ -74,6 +74,7 @@ from busd import (
     ToolStart,
     Translator,
     Usage,
+    UserPrompt,
     as_mapping,
 )
 
@@ -167,6 +168,16 @@ def worth_sending(line: Mapping[str, Any]) -> bool:
     return True
 
 
+
+_NOT_TYPED: Final = (
+    "<task-notification>",
+    "<command-",
+    "<local-command-",
+    "<system-reminder>",
+    "<bash-",
+)
+"""User lines Claude Code writes itself (notifications, slash commands and their output)."""
+
 class _Tool:
     """A tool call that has started and not completed."""
 
@@ -196,6 +207,7 @@ class TranscriptTranslator(Translator):
         self._cwd: str | None = None
         self._model: str | None = None
         self._announced = False
+        self._early: UserPrompt | None = None  # a prompt before the model is known
         self._tally = Tally()
         self._lanes: dict[str | None, MessageStream] = {}
         self._tools: dict[str, _Tool] = {}
@@ -249,6 +261,8 @@ class TranscriptTranslator(Translator):
     def close(self, now: float) -> list[Emitted]:
         """The end of what was sent: a run whose last response is in ends; nothing is aborted."""
         out: list[Emitted] = []
+        if self._early is not None:  # a prompt and nothing after it (yet)
+            self._start(out)
         if self._ending is not None:
             self._end(now, out)
         for key, lane in self._lanes.items():
@@ -275,6 +289,9 @@ class TranscriptTranslator(Translator):
             self._announced = True
             start = SessionStart(model=self._model, cwd=self._cwd)
             out.append(self.emit(start, session_id=self._sid))
+            if self._early is not None:  # held until the session could say its model
+                prompt, self._early = self._early, None
+                out.append(self.emit(prompt, session_id=self._sid))
 
     def _who(self, line: Mapping[str, Any]) -> _Who:
         """Whose line this is: the main agent's ``(None, None)``, else its sub-agent's."""
@@ -428,6 +445,12 @@ class TranscriptTranslator(Translator):
             self._end(now, out, aborted=True)
             return
         self._busy = True
+        if text.strip() and not text.lstrip().startswith(_NOT_TYPED):
+            prompt = UserPrompt(text=text, prompt_id=_str(line.get("promptId")))
+            if self._announced or self._model is not None:
+                self._emit(out, prompt)
+            else:
+                self._early = prompt
         if text.lstrip().startswith("<task-notification>"):
             tags = {name: value.strip() for name, value in _TAG.findall(text)}
             notified = tags.get("tool-use-id")

@@ -23,6 +23,7 @@ from busd import (
     ToolComplete,
     ToolStart,
     TurnStart,
+    UserPrompt,
 )
 from busd.plugins.agenthooks import Ask, HookCommands, Report, Settled
 
@@ -80,7 +81,7 @@ def test_each_hook_becomes_its_events_in_claude_codes_session() -> None:
         SessionStart(cwd="/w"),
         SessionIdle(),
         TurnStart(turn_id="6b85"),
-        SessionInfo(message="prompt: Go."),
+        UserPrompt(text="Go.", prompt_id="6b85"),
         ToolStart(tool_call_id="toolu_hooked_1", name="Bash", input=PRE["tool_input"]),
         ToolComplete(tool_call_id="toolu_hooked_1", name="Bash", output="done", duration_s=1.5),
         SessionIdle(),

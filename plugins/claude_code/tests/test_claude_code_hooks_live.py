@@ -324,7 +324,8 @@ async def test_in_a_terminal_busds_status_line_shows_and_a_frontend_answers(
             await web.reply_permission(request.request_id, option_id="allow")
             await tmux.wait_for("the answer", lambda s: "The tool said" in s)  # the tool ran
             assert (place / "work/hooked.txt").exists()
-            done = (f"{session[:8]} ✻ Worked for", f"{session[:8]} idle")  # under 1 s: idle
+            # Named by its first prompt now (as Claude Code's resume list names it); under 1 s: idle
+            done = ("Write the file. ✻ Worked for", "Write the file. idle")
             await tmux.wait_for("idle again", lambda s: any(line in s for line in done))
         finally:
             with trio.CancelScope(shield=True):

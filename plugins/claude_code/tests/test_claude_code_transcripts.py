@@ -55,6 +55,7 @@ from busd import (
     ToolComplete,
     ToolStart,
     Usage,
+    UserPrompt,
 )
 from busd.core.prices import cost_usd
 
@@ -607,13 +608,17 @@ def test_lines_of_older_versions_are_mapped() -> None:
     kinds = [type(e.event).__name__ for e in out]
     assert kinds == [
         "SessionStart",
+        "UserPrompt",  # held until the session started: no model was known before it
         "SessionTitleChanged",
         "SessionTitleChanged",
         "SessionCompaction",
         "SessionRetry",
         "SessionIdle",
     ]
-    retried, compacted = out[4].event, out[3].event
+    asked = out[1].event
+    assert isinstance(asked, UserPrompt)
+    assert (asked.text, asked.prompt_id) == ("[hold] Please read my notes.", prompt["promptId"])
+    retried, compacted = out[5].event, out[4].event
     assert isinstance(retried, SessionRetry)
     assert isinstance(compacted, SessionCompaction)
     assert (retried.attempt, retried.message, retried.delay_s) == (2, "Overloaded", 1.5)
