@@ -60,6 +60,7 @@ from .events import (
     TurnEnd,
     TurnStart,
     Usage,
+    UserPrompt,
 )
 
 __all__ = [
@@ -166,6 +167,7 @@ LIFECYCLE_TYPES: Final[frozenset[type[Event]]] = frozenset(
         SessionInfo,
         SessionWarning,
         SessionCompaction,
+        UserPrompt,
         SessionTruncation,
         TurnStart,
         TurnEnd,
