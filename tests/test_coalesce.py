@@ -53,6 +53,7 @@ from busd.core.events import (
     TurnEnd,
     TurnStart,
     Usage,
+    UserPrompt,
 )
 
 
@@ -242,6 +243,7 @@ LIFECYCLE: list[Event] = [
     SessionWarning(message="careful"),
     SessionCompaction(),
     SessionTruncation(),
+    UserPrompt(text="Go.", prompt_id="p1"),
     TurnStart(),
     TurnEnd(),
     AgentStart(agent_id="a1"),
