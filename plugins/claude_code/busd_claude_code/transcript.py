@@ -168,7 +168,6 @@ def worth_sending(line: Mapping[str, Any]) -> bool:
     return True
 
 
-
 _NOT_TYPED: Final = (
     "<task-notification>",
     "<command-",
@@ -177,6 +176,7 @@ _NOT_TYPED: Final = (
     "<bash-",
 )
 """User lines Claude Code writes itself (notifications, slash commands and their output)."""
+
 
 class _Tool:
     """A tool call that has started and not completed."""
