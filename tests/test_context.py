@@ -25,6 +25,7 @@ from busd.core.events import (
     TurnStart,
     Usage,
 )
+from busd.core.windows import ModelWindows
 
 _seq = count(1)
 
@@ -483,3 +484,16 @@ def test_a_count_before_the_call_makes_the_figure_exact() -> None:
     assert context.used == 1_500
     context.record_call(TokenUsage(input_tokens=1_500, output_tokens=20))
     assert context.statistics().last_error == 0
+
+
+def test_a_window_the_provider_reported_is_not_replaced_by_the_model_table() -> None:
+    """Copilot enforced 128,000 for a model the table says has 200,000: the provider knows."""
+    registry = ContextRegistry(models=ModelWindows())
+    registry.observe(env(SessionStart(model="claude-sonnet-4-5")))
+    context = registry.get("s1")
+    assert context is not None
+    assert context.window == 200_000  # the table, until the provider says
+    registry.observe(env(SessionContext(used=2_534, window=128_000)))
+    registry.observe(env(Usage(tokens=TokenUsage(input_tokens=10), model="claude-sonnet-4-5")))
+    assert context.window == 128_000
+    assert context.window_reported

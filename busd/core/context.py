@@ -158,6 +158,7 @@ class ContextWindow:
         "_turn_open",
         "_turn_usage",
         "_window",
+        "_window_reported",
     )
 
     def __init__(
@@ -185,6 +186,7 @@ class ContextWindow:
         self._last_input: int | None = None
         self._last_output = 0
         self._last_cache = (0, 0)  # the last call's cache reads and writes
+        self._window_reported = False  # the provider said the window: no table overrides it
         self._reported: int | None = None  # the provider's own figure, until the next call
         self._prediction: int | None = None  # `used` when the pending call went out
         self._errors: deque[tuple[int, int]] = deque(maxlen=max_samples)  # (estimate, actual)
@@ -207,6 +209,11 @@ class ContextWindow:
     @property
     def window(self) -> int | None:
         return self._window
+
+    @property
+    def window_reported(self) -> bool:
+        """Whether the provider itself said how large the window is (it beats any table)."""
+        return self._window_reported
 
     @property
     def reserve(self) -> int:
@@ -412,6 +419,7 @@ class ContextWindow:
             raise ValueError(f"used cannot be negative: {used}")
         if window is not None:
             self.set_window(window)
+            self._window_reported = True
         self._anchor = used
         self._reported = used
         self._actual = True
@@ -642,7 +650,7 @@ class ContextRegistry:
         cls = type(event)
         if cls is SessionStart or cls is Usage or cls is RunStarted:
             model = cast(SessionStart, event).model
-            if model and session_id not in self._pinned:
+            if model and session_id not in self._pinned and not context.window_reported:
                 self._size(context, model)
         context.observe(envelope)
         return context
