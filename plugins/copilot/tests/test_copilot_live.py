@@ -243,6 +243,7 @@ async def test_a_prompt_on_the_copilot_cli_streams_its_answer_and_asks_for_its_s
     assert len(reported) == 2
     assert {r.window for r in reported} == {128_000}
     assert all(r.used > finished.context.used for r in reported)
+    assert finished.context.window == 128_000  # the provider's, not busd's table's 200,000
 
 
 async def test_a_continued_session_resumes_the_cli_and_adds_up_its_runs(
