@@ -10,7 +10,9 @@ tool call live, its transcript again (``busd attach claude-code``). So a
 ``stream.tool.start`` or ``stream.tool.complete`` whose (session, tool call
 id, type) some ingest stream of this daemon already published is dropped,
 whichever connection sends it: each call shows once, as the first to report
-it had it. The memory is daemon-wide and bounded (:data:`TOOL_CALLS_KEPT`).
+it had it. The same holds for a ``stream.session.prompt`` with a prompt id
+(both carry Claude Code's). The memory is daemon-wide and bounded
+(:data:`TOOL_CALLS_KEPT`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ TOOL_CALLS_KEPT = 65_536
 
 
 class ToolCallsSeen:
-    """The tool events ingest streams have published, daemon-wide: each goes out once."""
+    """Tool events and prompts ingest streams have published, daemon-wide: each goes out once."""
 
     def __init__(self, capacity: int = TOOL_CALLS_KEPT) -> None:
         self._keys: OrderedDict[tuple[str | None, str, str], None] = OrderedDict()
@@ -41,7 +43,7 @@ class ToolCallsSeen:
         self.dropped = 0
 
     def first(self, emitted: Emitted) -> bool:
-        """Whether ``emitted`` may go out: not a tool event some ingest stream already sent."""
+        """Whether ``emitted`` may go out: not a tool event or prompt an ingest stream sent."""
         event = emitted.event
         if isinstance(event, ToolStart | ToolComplete):
             key = (emitted.session_id, event.tool_call_id, type(event).__name__)
