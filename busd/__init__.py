@@ -76,8 +76,6 @@ from .core.usage import normalize_usage as normalize_usage
 from .daemon.accounting import AccountingService as AccountingService
 from .daemon.batching import BatchDispatcher as BatchDispatcher
 from .daemon.batching import DispatcherStatistics as DispatcherStatistics
-from .daemon.batching import Flusher as Flusher
-from .daemon.batching import FlusherStatistics as FlusherStatistics
 from .daemon.batching import Overflow as Overflow
 from .daemon.batching import SubscriberOverflowed as SubscriberOverflowed
 from .daemon.endpoint import AlreadyRunning as AlreadyRunning
@@ -198,8 +196,6 @@ __all__ = [
     "EndpointError",
     "estimate_json_tokens",
     "estimate_tokens",
-    "Flusher",
-    "FlusherStatistics",
     "format_duration",
     "format_tokens",
     "FrameDecoder",

@@ -11,9 +11,10 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from busd.core.cohorts import SharedBatch
 from busd.core.errors import BusdError
 from busd.core.events import Envelope, Event, TextDelta, TokenUsage, TurnEnd, TurnStart, Usage
-from busd.daemon.batching import BatchDispatcher, Flusher, Overflow, SubscriberOverflowed
+from busd.daemon.batching import BatchDispatcher, Overflow, SubscriberOverflowed
 
 Batch = list[Envelope[Event]]
 
@@ -441,138 +442,150 @@ def test_window_must_be_a_finite_non_negative_number(window: float) -> None:
         BatchDispatcher(Sink().send, window=window)
 
 
-# -- direct delivery (send_nowait and a flusher) ----------------------------------------
+# -- shared batches (offer and send_shared) ----------------------------------------
 
 
 class DirectSink(Sink):
-    """A :class:`Sink` that also takes batches synchronously while it has ``room``."""
+    """A :class:`Sink` that also takes shared batches synchronously while it has ``room``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.room = True
         self.direct = 0
 
-    def send_nowait(self, batch: Batch) -> bool:
-        assert batch, "empty batches are never sent"
+    def send_shared(self, batch: SharedBatch) -> bool:
+        assert batch.envelopes, "empty batches are never sent"
         assert not self._busy, "a direct send overlapped a send in flight"
         if not self.room:
             return False
         self.direct += 1
-        self.batches.append((trio.current_time(), batch))
+        self.batches.append((trio.current_time(), batch.envelopes))
         self._changed.set()
         self._changed = trio.Event()
         return True
 
 
+def shared(envelopes: Batch, first_seq: int | None = None) -> SharedBatch:
+    """A cohort's batch as the fan-out offers it (the bytes do not matter here)."""
+    raws = [msgspec.Raw(b"") for _ in envelopes]
+    first = envelopes[0].seq if first_seq is None else first_seq
+    return SharedBatch(envelopes, raws, first, 0)
+
+
 @asynccontextmanager
 async def direct(
-    sink: DirectSink, *, window: float = 0.0, run_flusher: bool = True, max_events: int = 10_000
-) -> AsyncIterator[tuple[BatchDispatcher, Flusher]]:
-    flusher = Flusher()
+    sink: DirectSink, *, window: float = 0.0, max_events: int = 10_000
+) -> AsyncIterator[BatchDispatcher]:
     dispatcher = BatchDispatcher(
         sink.send,
         window=window,
         merge_deltas=False,
         max_events=max_events,
-        send_nowait=sink.send_nowait,
-        flusher=flusher,
+        send_shared=sink.send_shared,
     )
     async with trio.open_nursery() as nursery:
-        if run_flusher:
-            await nursery.start(flusher.run)
         await nursery.start(dispatcher.run)
-        yield dispatcher, flusher
+        yield dispatcher
         await dispatcher.aclose()
         nursery.cancel_scope.cancel()
 
 
-async def test_a_burst_goes_out_directly_without_waking_the_loop(
+async def test_an_offered_batch_goes_out_at_once_without_waking_the_loop(
     autojump_clock: trio.abc.Clock, env: Stream
 ) -> None:
     sink = DirectSink()
-    async with direct(sink) as (d, _):
+    async with direct(sink) as d:
         burst = [env() for _ in range(3)]
-        for e in burst:
-            d.add(e)
-        await trio.testing.wait_all_tasks_blocked()
-        assert sink.batches == [(0.0, burst)]
+        d.offer(shared(burst))
+        assert sink.batches == [(0.0, burst)]  # synchronously: no task switch
         assert sink.direct == 1
         await trio.sleep(1)
-        d.add(later := env())
-        await trio.testing.wait_all_tasks_blocked()
+        d.offer(shared([later := env()]))
         assert sink.events == [*burst, later]
-        assert sink.direct == 2
         assert d.statistics().batches_sent == 2
+        assert d.statistics().events_sent == 4
 
 
-async def test_a_refused_direct_send_is_sent_by_the_loop_in_order(
+async def test_a_refused_offer_is_sent_by_the_loop_in_order(
     autojump_clock: trio.abc.Clock, env: Stream
 ) -> None:
     sink = DirectSink()
     sink.room = False
     sink.gate = trio.Event()
-    async with direct(sink) as (d, _):
+    async with direct(sink) as d:
         first = [env(), env()]
-        for e in first:
-            d.add(e)
+        d.offer(shared(first))
         await sink.wait_for(1)  # the loop's send, held at the gate
         assert d.statistics().sending
-        d.add(second := env())  # the loop is busy: it buffers, no direct send
-        await trio.testing.wait_all_tasks_blocked()
+        assert d.pending_seq() == first[0].seq
+        d.offer(shared([second := env()]))  # the loop is busy: it buffers, no direct send
         assert sink.direct == 0
         sink.room = True
         sink.gate.set()
         await d.flush()
         assert [b for _, b in sink.batches] == [first, [second]]
         assert sink.direct == 0
-        d.add(third := env())  # idle again, with room: direct
-        await trio.testing.wait_all_tasks_blocked()
+        d.offer(shared([third := env()]))  # idle again, with room: direct
         assert sink.events[-1] is third
         assert sink.direct == 1
 
 
-async def test_a_direct_send_keeps_the_window(autojump_clock: trio.abc.Clock, env: Stream) -> None:
+async def test_an_offer_keeps_the_subscribers_window(
+    autojump_clock: trio.abc.Clock, env: Stream
+) -> None:
     sink = DirectSink()
-    async with direct(sink, window=1.0) as (d, _):
-        d.add(env())
+    async with direct(sink, window=1.0) as d:
+        d.offer(shared([env()]))
         await trio.sleep(0.25)
-        d.add(env())
-        d.add(env())
+        d.offer(shared([env()]))
+        d.offer(shared([env()]))
         await sink.wait_for(2)
         assert [(t, len(b)) for t, b in sink.batches] == [(0.0, 1), (1.0, 2)]
         assert sink.direct == 1  # the second batch waited for the window, in the loop
 
 
-async def test_without_a_running_flusher_the_loop_delivers(
+async def test_a_buffered_offer_resumes_from_the_batchs_first_event(env: Stream) -> None:
+    # A merged delta carries the seq of the last delta it holds: resuming from it
+    # would skip the others.
+    sink = DirectSink()
+    d = BatchDispatcher(sink.send, window=0, send_shared=sink.send_shared)  # not running
+    merged = env(TextDelta(message_id="m", text="abc"))
+    d.offer(shared([merged], first_seq=merged.seq - 2))
+    assert d.pending_seq() == merged.seq - 2
+    assert sink.direct == 0  # its loop is not running: nothing goes out yet
+    d.close_nowait()
+
+
+async def test_offers_that_overflow_count_every_event_of_the_batch(
     autojump_clock: trio.abc.Clock, env: Stream
 ) -> None:
     sink = DirectSink()
-    async with direct(sink, run_flusher=False) as (d, _):
-        d.add(e := env())
-        await d.flush()
-        assert sink.events == [e]
-        assert sink.direct == 0
+    sink.room = False
+    sink.gate = trio.Event()
+    async with direct(sink, max_events=2) as d:
+        d.offer(shared([first := env()]))
+        await sink.wait_for(1)  # in flight, held
+        d.offer(shared([env() for _ in range(5)]))  # 2 fit the buffer, the third overflows
+        overflow = d.overflow
+        assert overflow is not None
+        assert overflow.resume_seq == first.seq
+        assert overflow.dropped == 6  # the batch in flight and all five
+        d.offer(shared([env(), env()]))
+        assert d.statistics().dropped == 8
 
 
-async def test_a_stopping_flusher_hands_what_it_was_told_to_the_loops(env: Stream) -> None:
-    sink = DirectSink()
-    flusher = Flusher()
-    d = BatchDispatcher(sink.send, window=0, send_nowait=sink.send_nowait, flusher=flusher)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(d.run)
-        async with trio.open_nursery() as inner:
-            await inner.start(flusher.run)
-            inner.cancel_scope.cancel()
-            d.add(e := env())  # notified, but the flusher's next step is its exit
-        await d.flush()
-        assert sink.events == [e]
-        assert sink.direct == 0
-        await d.aclose()
+def test_without_send_shared_an_offer_waits_for_the_loop(env: Stream) -> None:
+    async def main() -> None:
+        sink = DirectSink()
+        async with running(BatchDispatcher(sink.send, window=0)) as d:
+            await trio.testing.wait_all_tasks_blocked()
+            d.offer(shared([e := env()]))
+            assert sink.events == []
+            await d.flush()
+            assert sink.events == [e]
+            assert sink.direct == 0
 
-
-def test_send_nowait_and_flusher_go_together() -> None:
-    with pytest.raises(ValueError, match="go together"):
-        BatchDispatcher(Sink().send, flusher=Flusher())
+    trio.run(main)
 
 
 @settings(max_examples=60, deadline=None)
@@ -584,22 +597,22 @@ def test_send_nowait_and_flusher_go_together() -> None:
         max_size=40,
     ),
 )
-def test_direct_and_loop_sends_together_deliver_everything_once_in_order(
+def test_offers_and_loop_sends_together_deliver_everything_once_in_order(
     window: float, steps: list[tuple[int, bool, float]]
 ) -> None:
-    """Bursts, refusals and pauses in any mix: every event once, in order, no overlap."""
+    """Batches, refusals and pauses in any mix: every event once, in order, no overlap."""
 
     async def main() -> None:
         env = Stream()
         sink = DirectSink()
         sink.delay = 0.005
         added: Batch = []
-        async with direct(sink, window=window, max_events=10_000) as (d, _):
+        async with direct(sink, window=window, max_events=10_000) as d:
             for burst, room, pause in steps:
                 sink.room = room
-                for _ in range(burst):
-                    d.add(e := env())
-                    added.append(e)
+                batch = [env() for _ in range(burst)]
+                d.offer(shared(batch))
+                added.extend(batch)
                 if pause:
                     await trio.sleep(pause)
             await d.flush()

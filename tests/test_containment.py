@@ -14,7 +14,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,10 @@ import trio
 import trio.testing
 
 from busd.client import ConnectionLost, DaemonNotRunning, connect
+from busd.core.cohorts import SharedBatch
 from busd.core.events import Envelope, Event, SessionInfo, StreamingStats, TextDelta
-from busd.daemon.batching import BatchDispatcher, Flusher
-from busd.daemon.hub import DaemonConfig
+from busd.daemon.batching import BatchDispatcher
+from busd.daemon.hub import Daemon, DaemonConfig, Subscription
 from busd.plugins.adapters import Emitted, Translator
 from busd.plugins.hookspecs import hookimpl
 from busd.plugins.manager import PluginManager
@@ -463,36 +464,44 @@ async def test_a_failure_while_a_connection_closes_is_contained_too(
     assert "finish exploded" in caplog.text
 
 
-async def test_a_subscription_failing_in_the_flushers_task_fails_in_its_owners_task() -> None:
-    """The flusher delivers for every subscription; one that raises there breaks only itself."""
-    flusher = Flusher()
+async def test_a_subscription_failing_in_the_fanout_fails_alone() -> None:
+    """One pass offers a batch to a whole cohort; a member that raises there breaks only itself."""
+    daemon = Daemon(DaemonConfig(journal=None))
     delivered: list[list[Envelope[Event]]] = []
+    failures: list[Exception] = []
 
     async def send(batch: list[Envelope[Event]]) -> None:
         delivered.append(batch)
 
-    def explode(batch: list[Envelope[Event]]) -> bool:
-        raise RuntimeError("send_nowait exploded")
+    def explode(batch: SharedBatch) -> bool:
+        raise RuntimeError("send_shared exploded")
 
-    def accept(batch: list[Envelope[Event]]) -> bool:
-        delivered.append(batch)
+    def accept(batch: SharedBatch) -> bool:
+        delivered.append(batch.envelopes)
         return True
 
-    failing = BatchDispatcher(send, window=0, send_nowait=explode, flusher=flusher)
-    healthy = BatchDispatcher(send, window=0, send_nowait=accept, flusher=flusher)
-    one, two = (Envelope[Event](seq=n, ts=0.0, event=SessionInfo(message=str(n))) for n in (1, 2))
+    def member(sub_id: int, send_shared: Callable[[SharedBatch], bool]) -> Subscription:
+        dispatcher = BatchDispatcher(send, window=0, send_shared=send_shared)
+        sub = Subscription(1, sub_id, [">"], sessions=None, owned_only=False, dispatcher=dispatcher)
+        sub.on_error = failures.append
+        return sub
+
+    failing, healthy = member(1, explode), member(2, accept)
     async with trio.open_nursery() as services:
-        await services.start(flusher.run)
-        with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match="send_nowait exploded")):
-            async with trio.open_nursery() as owner:  # a connection's
-                await owner.start(failing.run)
-                await owner.start(healthy.run)
-                await trio.testing.wait_all_tasks_blocked()
-                failing.add(one)
-                healthy.add(two)
-        assert delivered == [[two]]
-        assert failing.pending_seq() == 1  # not delivered: where its client resumes
-        assert flusher.running  # the daemon's service runs on
+        await services.start(daemon.run)
+        for sub in (failing, healthy):
+            daemon.add_subscription(sub)
+            await services.start(sub.dispatcher.run)
+        assert daemon.fanout.statistics().cohorts == 1
+        one = daemon.publish(SessionInfo(message="one"), session_id="s1")
+        daemon.settle()
+        assert delivered == [[one]]
+        assert [str(e) for e in failures] == ["send_shared exploded"]
+        assert failing.dispatcher.pending_seq() == one.seq  # not delivered: where it resumes
+        assert daemon.status()["subscriptions"] == 1  # the failing one is gone
+        two = daemon.publish(SessionInfo(message="two"), session_id="s1")
+        daemon.settle()
+        assert delivered == [[one], [two]]  # the fan-out goes on
         services.cancel_scope.cancel()
 
 

@@ -25,6 +25,7 @@ from busd.client import (
 )
 from busd.core.accounting import Accountant
 from busd.core.catalog import Catalog
+from busd.core.cohorts import SharedBatch
 from busd.core.events import (
     Envelope,
     Event,
@@ -426,12 +427,14 @@ async def test_status_sessions_snapshot_and_stats(sock_path: Path) -> None:
             daemon_stats["bus"]["head_seq"] > status["head_seq"]
         )
         assert set(daemon_stats) == {
-            *("bus", "correlation", "history", "sessions", "flusher", "tools")
+            *("bus", "correlation", "history", "sessions", "fanout", "tools")
         }
         bash = daemon_stats["tools"]["Bash"]  # simse's getToolMetrics, by name (issue 22)
         assert (bash["name"], bash["calls"], bash["errors"]) == ("Bash", 2, 1)
         assert bash["last_called"] is not None
-        assert daemon_stats["flusher"]["flushes"] > 0  # the idle event went out directly
+        fanout = daemon_stats["fanout"]
+        assert (fanout["cohorts"], fanout["members"]) == (1, 1)
+        assert fanout["batches"] > 0  # the idle event went out
 
 
 async def test_too_many_unread_replies_are_refused(autojump_clock: trio.abc.Clock) -> None:
@@ -666,15 +669,13 @@ async def test_settle_delivers_a_burst_before_it_accounts_the_deltas() -> None:
     async def send(batch: list[Envelope[Event]]) -> None:
         raise AssertionError("a burst that finds the subscriber idle goes out without waiting")
 
-    def send_nowait(batch: list[Envelope[Event]]) -> bool:
+    def send_shared(batch: SharedBatch) -> bool:
         pending_at_delivery.append(daemon.accountant.deferred_deltas)
         return True
 
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.run)
-        dispatcher = BatchDispatcher(
-            send, window=0, merge_deltas=False, send_nowait=send_nowait, flusher=daemon.flusher
-        )
+        dispatcher = BatchDispatcher(send, window=0, merge_deltas=False, send_shared=send_shared)
         daemon.add_subscription(
             Subscription(
                 1,

@@ -405,6 +405,15 @@ class Accumulator:
         if self._dead > _COMPACT_MIN_DEAD and self._dead > self._live:
             self._compact()
 
+    def hold_from(self, seq: int) -> None:
+        """Resume from ``seq`` at the latest: what was added came coalesced from there on.
+
+        For a batch coalesced upstream (a cohort's), whose first survivor may
+        carry a later seq than the first event it stands for.
+        """
+        if self._live and (self._first_seq is None or seq < self._first_seq):
+            self._first_seq = seq
+
     def _fits(self, tail: TextDelta, delta: TextDelta) -> bool:
         """Whether ``delta`` may merge into the run ending with ``tail`` (and count it)."""
         chars = (len(tail.text) if self._parts is None else self._parts_chars) + len(delta.text)

@@ -1,10 +1,11 @@
 """The per-subscriber flush loop: one coalesced batch per window, in order, never blocking the bus.
 
 :class:`BatchDispatcher` is the thin Trio shell around a
-:class:`~busd.core.coalesce.Accumulator`. The bus calls :meth:`~BatchDispatcher.add`
-synchronously from its handler; the owner runs :meth:`~BatchDispatcher.run`
-in its own nursery, and that loop hands batches to an async ``send``
-callable one at a time.
+:class:`~busd.core.coalesce.Accumulator`. Events come in synchronously,
+one by one (:meth:`~BatchDispatcher.add`) or as a batch coalesced for a
+whole cohort (:meth:`~BatchDispatcher.offer`, the daemon's fan-out); the
+owner runs :meth:`~BatchDispatcher.run` in its own nursery, and that loop
+hands batches to an async ``send`` callable one at a time.
 
 Timing: a batch goes out when ``window`` seconds have passed since the
 previous one started, so the first event after a quiet period goes out at
@@ -31,6 +32,7 @@ from ..core.coalesce import (
     Keyer,
     coalescing_key,
 )
+from ..core.cohorts import SharedBatch
 from ..core.errors import BusdError
 from ..core.events import Envelope, Event
 
@@ -38,8 +40,6 @@ __all__ = [
     "DEFAULT_WINDOW",
     "BatchDispatcher",
     "DispatcherStatistics",
-    "Flusher",
-    "FlusherStatistics",
     "Overflow",
     "SubscriberOverflowed",
 ]
@@ -48,8 +48,8 @@ DEFAULT_WINDOW: Final = 0.016
 """Seconds between two batches to one subscriber (about one frame at 60 Hz)."""
 
 Send = Callable[[list[Envelope[Event]]], Awaitable[object]]
-SendNowait = Callable[[list[Envelope[Event]]], bool]
-"""Takes a batch at once and returns ``True``, or ``False`` when it would have to wait."""
+SendShared = Callable[[SharedBatch], bool]
+"""Takes a cohort's batch at once and returns ``True``, or ``False`` when it would have to wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,13 +115,13 @@ class BatchDispatcher:
     two sends never overlap. It may be cancelled when the subscriber
     overflows, and a cancelled send counts as not delivered.
 
-    Direct delivery: given ``send_nowait`` and a :class:`Flusher`, an event
-    that finds the loop idle does not wake it. The flusher calls
-    :meth:`deliver_nowait` once the publisher yields, and the batch goes to
-    ``send_nowait`` synchronously when the window allows and the owner has
-    room; only otherwise does the loop wake. One flusher serves every
-    dispatcher of a daemon, so a quiet stream costs one task switch per
-    burst, not one per subscriber.
+    Shared batches: :meth:`offer` takes a batch the daemon coalesced once
+    for a whole cohort of subscriptions. When the loop is idle, nothing is
+    buffered and the window has passed, it goes to ``send_shared`` at once
+    (the owner writes it without waiting, or returns ``False``: the loop then
+    sends it); otherwise it is buffered, coalescing with what waits, as
+    :meth:`add` would. A subscriber that keeps up thus costs no task switch
+    and no per-event work; one that falls behind catches up on its own.
 
     Capacity: at most ``max_events`` survivors wait behind a send in flight.
     If the buffer fills while no send is in flight (a burst faster than the
@@ -142,14 +142,12 @@ class BatchDispatcher:
         "_events_sent",
         "_failure",
         "_flush_target",
-        "_flusher",
         "_idle",
         "_ignored",
         "_inflight_first",
         "_largest_batch",
         "_last_flush",
         "_lost",
-        "_notified",
         "_progress",
         "_ran",
         "_ready",
@@ -158,7 +156,7 @@ class BatchDispatcher:
         "_resume_seq",
         "_scope",
         "_send",
-        "_send_nowait",
+        "_send_shared",
         "_sent",
         "_state",
         "_wakeup",
@@ -174,17 +172,12 @@ class BatchDispatcher:
         max_events: int = 10_000,
         keyer: Keyer = coalescing_key,
         max_merged_chars: int = DEFAULT_MAX_MERGED_CHARS,
-        send_nowait: SendNowait | None = None,
-        flusher: Flusher | None = None,
+        send_shared: SendShared | None = None,
     ) -> None:
         if not (window >= 0 and math.isfinite(window)):
             raise ValueError(f"window must be a finite number of seconds >= 0, not {window!r}")
-        if (send_nowait is None) != (flusher is None):
-            raise ValueError("send_nowait and flusher go together")
         self._send = send
-        self._send_nowait = send_nowait
-        self._flusher = flusher
-        self._notified = False
+        self._send_shared = send_shared
         self._window = window
         self._acc = Accumulator(
             keyer=keyer,
@@ -231,6 +224,10 @@ class BatchDispatcher:
 
     # -- the publisher's side (synchronous, never blocks) ----------------------
 
+    @property
+    def merge_deltas(self) -> bool:
+        return self._acc.merge_deltas
+
     def add(self, envelope: Envelope[Event]) -> None:
         """Buffer ``envelope`` for the next batch.
 
@@ -240,15 +237,62 @@ class BatchDispatcher:
         exception :class:`trio.BrokenResourceError`.
         """
         if self._state is not _OPEN:
-            self._add_when_not_open()
+            self._add_when_not_open(1)
             return
+        if self._buffer(envelope):
+            self._woken()
+
+    def offer(self, batch: SharedBatch) -> None:
+        """Deliver a cohort's batch: at once when this subscriber is idle, else buffered.
+
+        ``batch`` is already coalesced; it stands for the events from
+        ``batch.first_seq`` on (the resume point if it is not delivered).
+        Never blocks; raises as :meth:`add` does. An exception from
+        ``send_shared`` propagates to the caller, and the batch counts as
+        not delivered.
+        """
+        if self._state is not _OPEN:
+            self._add_when_not_open(len(batch.envelopes))
+            return
+        send_shared = self._send_shared
+        if self._idle and self._ready is None and not self._acc and send_shared is not None:
+            now = trio.current_time()
+            if now >= self._last_flush + self._window:
+                self._added += len(batch.envelopes)
+                ticket = self._added
+                self._inflight_first = batch.first_seq  # if send_shared raises: not delivered
+                if send_shared(batch):
+                    self._inflight_first = None
+                    self._drained = self._sent = ticket
+                    self._last_flush = now
+                    self._sent_batch(len(batch.envelopes))
+                    return
+                # No room: the loop sends it, waiting as a send does.
+                self._inflight_first = None
+                self._ready, self._ready_first, self._ready_ticket = (
+                    batch.envelopes,
+                    batch.first_seq,
+                    ticket,
+                )
+                self._woken()
+                return
+        envelopes = batch.envelopes
+        for i, envelope in enumerate(envelopes):
+            if not self._buffer(envelope):  # overflowed: the rest is ignored, and counted
+                self._ignored += len(envelopes) - i - 1
+                return
+        self._acc.hold_from(batch.first_seq)
+        self._woken()
+
+    def _buffer(self, envelope: Envelope[Event]) -> bool:
+        """Add one envelope to the buffer; ``False`` when the subscriber overflowed instead."""
         acc = self._acc
         try:
             acc.add(envelope)
         except AccumulatorFull:
             if self._ready is not None or self._inflight_first is not None:
                 self._overflow()
-                return
+                return False
             # Nothing is being sent: flush now instead of giving up on a fast subscriber.
             self._ready_first = _first_seq(acc)
             self._ready = acc.drain()
@@ -256,69 +300,18 @@ class BatchDispatcher:
             self._wakeup.set()
             acc.add(envelope)
         self._added += 1
-        if self._idle:
-            flusher = self._flusher
-            if flusher is None:
-                self._idle = False
-                self._wakeup.set()
-            elif not self._notified:
-                self._notified = True
-                flusher.notify(self)
+        return True
 
-    def wake(self) -> None:
-        """Let the loop deliver what a gone flusher was told about."""
-        self._notified = False
+    def _woken(self) -> None:
+        """Something waits: an idle loop wakes up for it."""
         if self._idle:
             self._idle = False
             self._wakeup.set()
 
-    def deliver_nowait(self) -> None:
-        """Send what is buffered through ``send_nowait``, now, if nothing stands in the way.
-
-        For the :class:`Flusher`. When the loop is busy (it will see the
-        buffer), the window has not passed, or ``send_nowait`` refuses, the
-        loop takes over as if it had been woken by the event.
-        """
-        self._notified = False
-        if not self._idle or self._state is not _OPEN or self._ready is not None:
-            return
-        acc = self._acc
-        if not acc:
-            return
-        now = trio.current_time()
-        if now >= self._last_flush + self._window:
-            send_nowait = self._send_nowait
-            assert send_nowait is not None, "only a dispatcher with send_nowait is notified"
-            first, ticket = _first_seq(acc), self._added
-            batch = acc.drain()
-            self._inflight_first = first  # if send_nowait raises, the batch was not delivered
-            if send_nowait(batch):
-                self._inflight_first = None
-                self._drained = self._sent = ticket
-                self._last_flush = now
-                self._sent_batch(len(batch))
-                return
-            # No room: the loop sends it, waiting as a send does.
-            self._inflight_first = None
-            self._ready, self._ready_first, self._ready_ticket = batch, first, ticket
-        self._idle = False
-        self._wakeup.set()
-
-    def break_with(self, exc: Exception) -> None:
-        """Fail in the owner's task: :meth:`run` raises ``exc`` (a failed :meth:`deliver_nowait`).
-
-        Whoever called :meth:`deliver_nowait` (the flusher, a publisher) is not
-        the owner, and must not be the one to fail; the owner's loop is.
-        """
-        if self._failure is None:
-            self._failure = exc
-        self._idle = False
-        self._wakeup.set()
-
-    def _add_when_not_open(self) -> None:
+    def _add_when_not_open(self, events: int) -> None:
         state = self._state
         if state is _State.OVERFLOWED:
-            self._ignored += 1
+            self._ignored += events
         elif state is _State.BROKEN:
             raise trio.BrokenResourceError("the dispatcher's send failed; it delivers no more")
         else:
@@ -356,7 +349,7 @@ class BatchDispatcher:
 
         Returns after :meth:`aclose` (everything flushed) or when the
         subscriber overflowed (see :attr:`overflow`). An exception from
-        ``send`` (or given to :meth:`break_with`) propagates, and the
+        ``send`` propagates, and the
         dispatcher is then broken.
         """
         if self._state in (_State.CLOSING, _State.CLOSED):
@@ -542,78 +535,3 @@ def _first_seq(acc: Accumulator) -> int:
     first = acc.first_seq
     assert first is not None, "a non-empty accumulator has a first seq"
     return first
-
-
-@dataclass(frozen=True, slots=True)
-class FlusherStatistics:
-    pending: int
-    """Dispatchers notified and not yet delivered for."""
-    flushes: int
-    """Non-empty flushes, by the task or by an owner's ``flush_nowait``."""
-    task_wakeups: int
-    """Times the flusher's own task woke (the rest were flushed by their publisher)."""
-
-
-class Flusher:
-    """Delivers, for many dispatchers, the batches that need no waiting: one task for all.
-
-    A dispatcher made with this flusher calls :meth:`notify` instead of
-    waking its own loop; :meth:`run` (in the owner's nursery) wakes once
-    per burst of notifications and calls each dispatcher's
-    :meth:`BatchDispatcher.deliver_nowait`. While :meth:`run` is not
-    running, a notified dispatcher's own loop is woken instead.
-    """
-
-    __slots__ = ("_flushes", "_pending", "_running", "_wakeup", "_woken")
-
-    def __init__(self) -> None:
-        self._pending: list[BatchDispatcher] = []
-        self._wakeup = trio.Event()
-        self._running = False
-        self._flushes = 0
-        self._woken = 0
-
-    @property
-    def running(self) -> bool:
-        return self._running
-
-    def notify(self, dispatcher: BatchDispatcher) -> None:
-        """``dispatcher`` has events and an idle loop: deliver them soon."""
-        if not self._running:
-            dispatcher.wake()  # nobody would deliver: its own loop does
-            return
-        self._pending.append(dispatcher)
-        if len(self._pending) == 1:
-            self._wakeup.set()
-
-    def flush_nowait(self) -> None:
-        """Deliver for every notified dispatcher now (the loop does this after each wakeup)."""
-        pending, self._pending = self._pending, []
-        if pending:
-            self._flushes += 1
-        for dispatcher in pending:
-            try:
-                dispatcher.deliver_nowait()
-            except Exception as exc:  # that dispatcher's owner fails, not the caller
-                dispatcher.break_with(exc)
-
-    def statistics(self) -> FlusherStatistics:
-        return FlusherStatistics(
-            pending=len(self._pending), flushes=self._flushes, task_wakeups=self._woken
-        )
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Deliver until cancelled; what is pending then is left to each dispatcher's loop."""
-        self._running = True
-        try:
-            task_status.started()
-            while True:
-                await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                self._woken += 1
-                self.flush_nowait()
-        finally:
-            self._running = False
-            pending, self._pending = self._pending, []
-            for dispatcher in pending:
-                dispatcher.wake()

@@ -31,6 +31,7 @@ import msgspec
 import trio
 
 from .._version import __version__
+from ..core.cohorts import SharedBatch
 from ..core.errors import InvalidPattern
 from ..core.events import Envelope, Event
 from ..wire import (
@@ -75,6 +76,7 @@ from ..wire import (
     Welcome,
     client_frame_decoder,
     identity,
+    pack_events,
 )
 from .acks import Acks
 from .asks import Asks
@@ -209,7 +211,7 @@ class Connection:
         with trio.move_on_at(flush_until if deadline is None else min(deadline, flush_until)):
             for sub in list(self._subs.values()):
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await sub.dispatcher.flush()
+                    await self.daemon.fanout.flush(sub)
             await self._acks.answered()  # acks go before the goodbye (writes every 50 ms)
         self._end(reason)
 
@@ -238,6 +240,8 @@ class Connection:
             if since is None:
                 overflow = sub.dispatcher.overflow
                 pending = sub.dispatcher.pending_seq() if overflow is None else overflow.resume_seq
+                if pending is None:  # what its cohort has not taken yet
+                    pending = self.daemon.fanout.pending_seq(sub)
                 since = None if pending is None else pending - 1
             if since is not None:
                 points.append(since)
@@ -480,16 +484,14 @@ class Connection:
             await self._send_events(sub, [e.seq for e in batch], self.daemon.raws(batch), since)
             self._since.pop(sub, None)  # not on failure: its resume point stays
 
-        def send_nowait(batch: list[Envelope[Event]]) -> bool:
-            # Called by the flusher's task or a publisher's: a failure is ours, not theirs.
+        def send_shared(batch: SharedBatch) -> bool:
+            # Called from the fan-out's pass (anyone's task): a failure is ours, not theirs.
             try:
-                return self._send_events_nowait(sub, batch, _batch_since(dispatcher, batch))
+                return self._send_shared(sub, batch)
             except Exception as exc:
                 self._failed(exc, f"delivering to subscription {sub_id}")
                 return True
 
-        flusher = self.daemon.flusher
-        direct = flusher.running
         dispatcher = BatchDispatcher(
             send,
             window=frame.window_ms / 1000,
@@ -497,8 +499,7 @@ class Connection:
             max_merged_chars=self.daemon.config.max_frame // 8,  # a merged delta fits a frame
             keyer=self.daemon.keyer,
             max_events=self.daemon.config.subscription_buffer,
-            send_nowait=send_nowait if direct else None,
-            flusher=flusher if direct else None,
+            send_shared=send_shared,
         )
         try:
             sub = Subscription(
@@ -659,20 +660,23 @@ class Connection:
         logger.warning("%s: %s", self.name, message)
         self._queue(Error(code=FRAME_TOO_LARGE, message=message, ref=sub_id))
 
-    def _send_events_nowait(
-        self, sub: Subscription, batch: list[Envelope[Event]], since: int
-    ) -> bool:
-        """:meth:`_send_events` for a batch that fits one frame and the outbox: no waiting.
+    def _send_shared(self, sub: Subscription, batch: SharedBatch) -> bool:
+        """A cohort's batch as one ``events`` frame, queued now; ``False`` if it must wait.
 
-        ``False`` when it would have to split or wait; the async path does that.
+        The array is packed once per batch and shared by every member (its
+        head once per subscription id): nothing big is copied per member.
         """
         if self._closing:
             return True  # as the async path: nothing goes out any more
-        raws = self.daemon.raws(batch)
-        size = sum(map(len, raws)) + _EVENTS_OVERHEAD  # at most: checked before encoding
+        size = batch.size + _EVENTS_OVERHEAD  # at most: checked before encoding
         if size > self.daemon.config.max_frame or not self._outbox.fits(size):
             return False
-        self._outbox.push(Out(self._encoder.encode(Events(sub=sub.id, events=raws)), since))
+        if batch.body is None:
+            batch.body = pack_events(batch.raws)
+        head = batch.heads.get(sub.id)
+        if head is None:
+            head = batch.heads[sub.id] = self._encoder.events_head(sub.id, batch.body)
+        self._outbox.push(Out(head, batch.first_seq - 1, tail=batch.body))
         return True
 
     def _slow_consumer(self) -> None:

@@ -35,6 +35,7 @@ from ..core.accounting import Accountant
 from ..core.bus import Bus
 from ..core.catalog import Catalog
 from ..core.coalesce import Keyer, chain_keyers, coalescing_key
+from ..core.cohorts import Cohort
 from ..core.correlation import Correlator
 from ..core.errors import BusdError
 from ..core.events import (
@@ -54,8 +55,9 @@ from ..plugins.adapters import Adapter, Emitted
 from ..plugins.manager import HookFailure, PluginManager, supervise
 from ..wire import DEFAULT_GRANTS, DEFAULT_MAX_FRAME, Limits, Outgoing, Right, Role, encode_envelope
 from .accounting import AccountingService
-from .batching import BatchDispatcher, Flusher
+from .batching import BatchDispatcher
 from .broker import PermissionBroker
+from .fanout import Fanout, Member
 from .journal import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_PENDING,
@@ -158,11 +160,17 @@ SendBatch = Callable[["Subscription", list[Envelope[Event]]], None]
 
 
 class Subscription:
-    """One ``subscribe`` of one connection: its filter and its batch dispatcher."""
+    """One ``subscribe`` of one connection: its filter and its batch dispatcher.
+
+    In the daemon it is a member of the cohort (:mod:`busd.daemon.fanout`)
+    of the subscriptions with the same :meth:`cohort_key`.
+    """
 
     __slots__ = (
+        "_key",
         "_matches",
         "_names",
+        "cohort",
         "connection_id",
         "dispatcher",
         "id",
@@ -186,6 +194,7 @@ class Subscription:
     ) -> None:
         self.connection_id = connection_id
         self.id = sub_id
+        patterns = list(patterns)
         self.patterns = [Pattern(p) for p in patterns]  # InvalidPattern for a bad one
         self.sessions = frozenset(sessions) if sessions is not None else None
         self.owned_only = owned_only
@@ -196,6 +205,18 @@ class Subscription:
         self._names: dict[str, bool] = {}
         self.on_error: Callable[[Exception], None] | None = None
         """Told when adding an event failed unexpectedly: its connection ends."""
+        self.cohort: Cohort[Member] | None = None
+        self._key = (
+            tuple(sorted(set(patterns))),
+            self.sessions,
+            id(owned) if owned_only else None,  # the same live set: the same owner
+            dispatcher.window,
+            dispatcher.merge_deltas,
+        )
+
+    def cohort_key(self) -> Hashable:
+        """Equal for subscriptions that want the same events at the same pace."""
+        return self._key
 
     def failed(self, exc: Exception) -> None:
         """Adding an event raised: the owner fails (the fan-out to the others goes on)."""
@@ -303,12 +324,14 @@ class Daemon:
             self, self.plugins.drivers(), self.broker, watchdog=self.config.watchdog
         )
         self._subscriptions: list[Subscription] = []
-        self._dead: list[Subscription] = []
-        self.flusher = Flusher()
-        """Delivers, for every subscription, the batches that need no waiting."""
-        # Per event class, the subscriptions whose patterns match it, each with
-        # whether it still filters per event (sessions, owned-only).
-        self._fanout: dict[type[Event], tuple[tuple[Subscription, bool], ...]] = {}
+        self.fanout = Fanout(
+            keyer=self.keyer,
+            max_merged_chars=self.config.max_frame // 8,  # a merged delta fits a frame
+            limit=self.config.subscription_buffer,
+            head_seq=first_seq - 1,
+            drop=self._drop_member,
+        )
+        """Offers each event to every subscription, one cohort at a time."""
         self._connections: dict[int, tuple[str, str, int]] = {}  # id -> (client, role, uid)
         self._next_client_id = 0
         self._rate: deque[tuple[int, int]] = deque(maxlen=11)  # (second, head seq)
@@ -361,7 +384,7 @@ class Daemon:
                 if self.journal is not None:
                     await nursery.start(self.journal.run)
                 await nursery.start(self._accounting.run)
-                await nursery.start(self.flusher.run)
+                await nursery.start(self.fanout.run)
                 for name, service in self.plugins.services(self):
                     nursery.start_soon(
                         partial(supervise, name, service, on_failure=self._service_failed)
@@ -486,11 +509,11 @@ class Daemon:
         """A publisher's burst is over: deliver what needs no waiting, then account its deltas.
 
         A connection calls this before it waits for more input; anything
-        else that publishes is covered by the flusher's task and the
+        else that publishes is covered by the fan-out's task and the
         accountant's own bounds. Delivery goes first: accounting emits
         nothing, and the subscribers can read while it runs.
         """
-        self.flusher.flush_nowait()
+        self.fanout.flush_nowait()
         self._accounting.settle()
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
@@ -500,33 +523,9 @@ class Daemon:
             self.journal.append(envelope, raw)
         self.sessions.observe(envelope)
         event = envelope.event
-        cls = type(event)
         if isinstance(event, PermissionRequested):
             self.broker.saw_request(event.request_id)
-        fanout = self._fanout.get(cls)
-        if fanout is None:
-            fanout = self._fanout_of(cls, event)
-        for subscription, filtered in fanout:
-            if filtered and not subscription.admits(envelope):
-                continue
-            try:
-                subscription.dispatcher.add(envelope)
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                self._dead.append(subscription)  # its connection is going away
-            except Exception as exc:  # that subscription's connection fails, not this publish
-                self._dead.append(subscription)
-                subscription.failed(exc)
-        if self._dead:
-            for subscription in self._dead:
-                self.remove_subscription(subscription)
-            self._dead.clear()
-
-    def _fanout_of(self, cls: type[Event], event: Event) -> tuple[tuple[Subscription, bool], ...]:
-        name = event_type(event)
-        fanout = self._fanout[cls] = tuple(
-            (s, s.filtered) for s in self._subscriptions if s.matches(name)
-        )
-        return fanout
+        self.fanout.append(envelope, raw)
 
     def raw(self, envelope: Envelope[Event]) -> msgspec.Raw:
         """The envelope's bytes: those of the replay ring when it is the published one.
@@ -549,13 +548,18 @@ class Daemon:
     # -- subscriptions ---------------------------------------------------------
 
     def add_subscription(self, subscription: Subscription) -> None:
+        """Live from the next event on (its dispatcher holds them until it runs)."""
         self._subscriptions.append(subscription)
-        self._fanout.clear()
+        self.fanout.join(subscription)
 
     def remove_subscription(self, subscription: Subscription) -> None:
         if subscription in self._subscriptions:
             self._subscriptions.remove(subscription)
-            self._fanout.clear()
+            self.fanout.leave(subscription)
+
+    def _drop_member(self, member: Member) -> None:
+        assert isinstance(member, Subscription)
+        self.remove_subscription(member)
 
     def replay(self, subscription: Subscription, since_seq: int) -> Resume:
         """What a resuming subscription missed (past the head: the ring from its start).
@@ -677,7 +681,7 @@ class Daemon:
                 "correlation": self.correlator.statistics(),
                 "history": self.history.statistics(),
                 "sessions": self.sessions.statistics(),
-                "flusher": self.flusher.statistics(),
+                "fanout": self.fanout.statistics(),
                 "tools": {m.name: m for m in self._accounting.accountant.tools.metrics()},
             }
         )

@@ -1,8 +1,11 @@
 """One connection's outbox: what it has to send, capped in bytes, and the writer that drains it.
 
-Frames are queued already encoded. The writer sends everything queued in
-one ``send_all``; while it is parked with nothing queued, a frame is written
-to the socket at once (non-blocking) instead of waking it. Events frames
+Frames are queued already encoded, an ``events`` frame often as its own
+head and an array shared with other subscribers (never copied per
+subscriber: both go to the kernel in one ``writev``/``sendmsg``). The
+writer sends everything queued in one call; while it is parked with nothing
+queued, a frame is written to the socket at once (non-blocking) instead of
+waking it. Events frames
 wait for room under the cap (:meth:`Outbox.room`); replies and errors do
 not, and past a hard cap the owner is told its client does not read
 (``on_overflow``). Each events frame remembers the resume point that holds
@@ -20,10 +23,12 @@ import trio
 
 __all__ = ["Out", "Outbox"]
 
+_IOV_MAX = 1024  # pieces one sendmsg takes (Linux's IOV_MAX)
+
 
 @dataclass(slots=True)
 class Out:
-    """One encoded frame (or the rest of one) waiting to be written."""
+    """One encoded frame (or the rest of one) waiting to be written: ``data`` then ``tail``."""
 
     data: bytes
     since: int | None = None
@@ -31,6 +36,19 @@ class Out:
     reply: bool = False
     partial: bool = False
     """The rest of a frame already partly written: it must go out whole."""
+    tail: bytes = b""
+    """The rest of the frame when it is shared with other connections (an events array)."""
+
+    @property
+    def size(self) -> int:
+        return len(self.data) + len(self.tail)
+
+    def rest(self, written: int) -> Out:
+        """What is left after ``written`` bytes of it went out."""
+        head = len(self.data)
+        if written < head:
+            return Out(self.data[written:], self.since, self.reply, True, self.tail)
+        return Out(self.tail[written - head :], self.since, self.reply, True)
 
 
 class Outbox:
@@ -95,19 +113,22 @@ class Outbox:
         if self.closing:
             return
         if self._parked and not self._out and self._fd is not None:
-            data = out.data
             try:
-                written = os.write(self._fd, data)
+                if out.tail:
+                    written = os.writev(self._fd, (out.data, out.tail))
+                else:
+                    written = os.write(self._fd, out.data)
             except BlockingIOError:
                 written = 0
             except OSError:  # the peer is gone: as the writer does
                 self._broke()
                 return
-            if written == len(data):
+            if written == out.size:
                 return
-            out = Out(data[written:], out.since, out.reply, partial=written > 0)
+            if written:
+                out = out.rest(written)
         self._out.append(out)
-        self._out_bytes += len(out.data)
+        self._out_bytes += out.size
         if out.reply:
             self.replies += 1
         if self.queued_bytes > self.hard_cap and not self._overflowed:
@@ -124,7 +145,7 @@ class Outbox:
         kept = [o for o in self._out if o.partial]
         self._out.clear()
         self._out.extend(kept)
-        self._out_bytes = sum(len(o.data) for o in kept)
+        self._out_bytes = sum(o.size for o in kept)
 
     def close(self) -> None:
         """Queue nothing more; the writer ends once what is queued is written."""
@@ -140,6 +161,28 @@ class Outbox:
         if not self.closing:
             self.close()
             self._on_broken()
+
+    async def _send(self, batch: list[Out]) -> None:
+        """Write ``batch`` whole: a socket gets its pieces as they are (``sendmsg``)."""
+        chunks = [c for o in batch for c in (o.data, o.tail) if c]
+        sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
+        if sock is None or len(chunks) == 1:
+            await self.stream.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            return
+        views = [memoryview(c) for c in chunks]
+        start = 0
+        while start < len(views):
+            try:
+                sent = await sock.sendmsg(views[start : start + _IOV_MAX])
+            except OSError as exc:  # as SocketStream.send_all says it
+                raise trio.BrokenResourceError("the peer is gone") from exc
+            while sent:
+                view = views[start]
+                if sent < len(view):
+                    views[start] = view[sent:]
+                    break
+                sent -= len(view)
+                start += 1
 
     async def run(self) -> None:
         """The writer: drain the outbox until it is closed and empty, or the peer is gone."""
@@ -161,7 +204,7 @@ class Outbox:
                 self._inflight_bytes = self._out_bytes
                 self._out_bytes = 0
                 try:
-                    await self.stream.send_all(b"".join(o.data for o in batch))
+                    await self._send(batch)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     self._broke()
                     return

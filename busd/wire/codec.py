@@ -61,6 +61,7 @@ __all__ = [
     "client_frame_decoder",
     "encode_envelope",
     "encode_frame",
+    "pack_events",
     "server_frame_decoder",
 ]
 
@@ -87,6 +88,21 @@ def encode_envelope(envelope: Envelope[Any]) -> msgspec.Raw:
     return msgspec.Raw(_ENCODER.encode(envelope))
 
 
+_NOTHING = msgspec.Raw(b"")
+
+
+def pack_events(raws: list[msgspec.Raw]) -> bytes:
+    """The ``events`` array of an ``events`` frame, built once for every subscriber sharing it."""
+    return _ENCODER.encode(raws)
+
+
+class _EventsHead(Frame, frozen=True, tag="events"):
+    """An ``events`` frame up to its array: ``events`` is empty raw bytes, the array follows."""
+
+    sub: int
+    events: msgspec.Raw
+
+
 class Encoder:
     """Frames to bytes, reusing one msgspec encoder and one buffer (the hot path).
 
@@ -109,6 +125,23 @@ class Encoder:
         buffer = self._buffer
         self._encoder.encode_into(frame, buffer, 4)
         self._seal(buffer, 0)
+        return bytes(buffer)
+
+    def events_head(self, sub: int, packed: bytes) -> bytes:
+        """The bytes that, followed by ``packed`` (:func:`pack_events`), make an ``events`` frame.
+
+        The array is shared: subscribers of one batch send the same array
+        behind their own few bytes of head, and nothing big is copied per
+        subscriber before the kernel.
+        """
+        buffer = self._buffer
+        self._encoder.encode_into(_EventsHead(sub=sub, events=_NOTHING), buffer, 4)
+        length = len(buffer) - 4 + len(packed)
+        if length > self.max_frame:
+            raise ProtocolError(
+                FRAME_TOO_LARGE, f"frame of {length} bytes is over max_frame={self.max_frame}"
+            )
+        _PREFIX.pack_into(buffer, 0, length)
         return bytes(buffer)
 
     def encode_into(self, frame: Frame, out: bytearray) -> None:

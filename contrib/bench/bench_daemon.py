@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from busd.core.catalog import Catalog
+from busd.core.cohorts import SharedBatch
 from busd.core.events import Envelope, Event, TextDelta
 from busd.daemon.batching import BatchDispatcher
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
@@ -37,6 +38,7 @@ from busd.wire import (
     Publish,
     client_frame_decoder,
     encode_envelope,
+    pack_events,
 )
 
 TEXT_LENGTH = 100
@@ -85,7 +87,18 @@ async def busd_run(frames: list[bytes], subscribers: int, window: float) -> tupl
                 delivered += len(seqs)
                 await trio.lowlevel.checkpoint()
 
-            dispatcher = BatchDispatcher(send, window=window, merge_deltas=False)
+            def send_shared(batch: SharedBatch, sub_id: int = sub_id) -> bool:
+                # As a connection does: the array packed once, a head per subscription id.
+                nonlocal delivered
+                if batch.body is None:
+                    batch.body = pack_events(batch.raws)
+                batch.heads[sub_id] = encoder.events_head(sub_id, batch.body)
+                delivered += len(batch)
+                return True
+
+            dispatcher = BatchDispatcher(
+                send, window=window, merge_deltas=False, send_shared=send_shared
+            )
             sub = Subscription(
                 1,
                 sub_id,
@@ -104,7 +117,7 @@ async def busd_run(frames: list[bytes], subscribers: int, window: float) -> tupl
             daemon.settle()  # as a connection does before it reads on
             await trio.lowlevel.checkpoint()
         for sub in subs:
-            await sub.dispatcher.flush()
+            await daemon.fanout.flush(sub)
         cpu = time.process_time() - started
         nursery.cancel_scope.cancel()
     return cpu, delivered

@@ -1,0 +1,210 @@
+"""Cohorts: subscriptions that read the shared log through one cursor (sans-I/O).
+
+Fan-out used to cost the daemon work per event *and per subscriber*: every
+event was filtered, keyed and buffered once for each subscription. Here the
+daemon does a fixed amount per event (append it, encoded once, to the
+:class:`Log`); subscriptions with the same patterns, sessions, owner, window
+and delta mode form a :class:`Cohort` with one cursor into that log. When a
+cohort is due, :meth:`Cohort.take` filters and coalesces the slice since its
+cursor once, for all of its members, into a :class:`SharedBatch` whose bytes
+every member sends. The cost of an event then grows with the number of
+*different* subscriptions, not with the number of subscribers.
+
+Coalescing over a slice gives what coalescing the same events one by one
+gives (the same :class:`~busd.core.coalesce.Accumulator` does it), so order,
+losslessness and the rules of docs/coalescing.md are unchanged. The window
+is kept by the caller, who decides when a cohort is due.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Final, Generic, TypeVar
+
+import msgspec
+
+from .coalesce import DEFAULT_MAX_MERGED_CHARS, Accumulator, Keyer, coalescing_key
+from .events import Envelope, Event, event_type
+
+__all__ = ["Cohort", "Log", "SharedBatch"]
+
+M = TypeVar("M")
+
+_UNBOUNDED: Final = sys.maxsize  # a cohort's own buffer never refuses: its members' may
+
+
+class Log:
+    """The accepted envelopes (and their bytes) since the oldest cursor still reading them.
+
+    Seqs are consecutive, as the bus assigns them, so a cursor finds its
+    place by arithmetic; :meth:`trim` lets go of what every cursor has read.
+    """
+
+    __slots__ = ("_base", "_envelopes", "_raws")
+
+    def __init__(self, *, head_seq: int = 0) -> None:
+        self._envelopes: list[Envelope[Event]] = []
+        self._raws: list[msgspec.Raw] = []
+        self._base = head_seq + 1  # the seq of _envelopes[0]
+
+    @property
+    def head_seq(self) -> int:
+        """The seq of the newest envelope appended (or the one before the first to come)."""
+        return self._base + len(self._envelopes) - 1
+
+    def __len__(self) -> int:
+        return len(self._envelopes)
+
+    def append(self, envelope: Envelope[Event], raw: msgspec.Raw) -> None:
+        """Add the next envelope; its seq must follow the head's (else ``ValueError``)."""
+        if envelope.seq != self._base + len(self._envelopes):
+            raise ValueError(f"seq {envelope.seq} does not follow the log's head {self.head_seq}")
+        self._envelopes.append(envelope)
+        self._raws.append(raw)
+
+    def after(self, seq: int) -> tuple[list[Envelope[Event]], list[msgspec.Raw]]:
+        """The envelopes after ``seq`` and their bytes (``seq`` must not be trimmed yet)."""
+        start = seq + 1 - self._base
+        if start < 0:
+            raise ValueError(f"seq {seq} is no longer in the log (it starts at {self._base})")
+        return self._envelopes[start:], self._raws[start:]
+
+    def raw_of(self, envelope: Envelope[Event]) -> msgspec.Raw | None:
+        """The bytes appended with this very envelope, ``None`` for another (a merged delta)."""
+        i = envelope.seq - self._base
+        if 0 <= i < len(self._envelopes) and self._envelopes[i] is envelope:
+            return self._raws[i]
+        return None
+
+    def trim(self, seq: int) -> None:
+        """Forget the envelopes up to ``seq``: every cursor has read them."""
+        n = min(seq + 1 - self._base, len(self._envelopes))
+        if n > 0:
+            del self._envelopes[:n]
+            del self._raws[:n]
+            self._base += n
+
+
+@dataclass(slots=True)
+class SharedBatch:
+    """One cohort's batch: the survivors of a slice and their bytes, built once for all members.
+
+    ``first_seq`` is the seq of the slice's first wanted event, superseded
+    or merged ones included: where a member that fails to deliver the batch
+    resumes from. ``body`` and ``heads`` are for the sending side: the
+    ``events`` array packed once, and the frame head it built per
+    subscription id (members with the same id send the very same bytes).
+    """
+
+    envelopes: list[Envelope[Event]]
+    raws: list[msgspec.Raw]
+    first_seq: int
+    size: int
+    """Bytes of the envelopes together."""
+    body: bytes | None = None
+    heads: dict[int, bytes] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.envelopes)
+
+
+class Cohort(Generic[M]):
+    """Members that want the same events at the same pace, and their cursor into the log.
+
+    ``matches`` says whether an event type name is subscribed; ``admits``
+    (``None``: everything) is the per-event part of the filter. Both come
+    from any one member: the members share the key they were grouped by.
+    """
+
+    __slots__ = (
+        "_acc",
+        "_admits",
+        "_matches",
+        "_types",
+        "cursor",
+        "key",
+        "last_flush",
+        "members",
+        "window",
+    )
+
+    def __init__(
+        self,
+        key: Hashable,
+        *,
+        matches: Callable[[str], bool],
+        admits: Callable[[Envelope[Event]], bool] | None,
+        window: float,
+        merge_deltas: bool,
+        cursor: int,
+        keyer: Keyer = coalescing_key,
+        max_merged_chars: int = DEFAULT_MAX_MERGED_CHARS,
+    ) -> None:
+        self.key = key
+        self.members: list[M] = []
+        self.window = window
+        self.cursor = cursor
+        """The last seq taken: what the members have been given (or were not subscribed for)."""
+        self.last_flush = -float("inf")
+        """When the last non-empty batch was taken (the caller's clock)."""
+        self._matches = matches
+        self._admits = admits
+        self._types: dict[type[Event], bool] = {}
+        self._acc = Accumulator(
+            keyer=keyer,
+            merge_deltas=merge_deltas,
+            max_events=_UNBOUNDED,
+            max_merged_chars=max_merged_chars,
+        )
+
+    def _wanted(self, envelopes: list[Envelope[Event]]) -> list[int]:
+        """Indexes of the envelopes the members want."""
+        types = self._types
+        admits = self._admits
+        wanted = []
+        for i, envelope in enumerate(envelopes):
+            cls = type(envelope.event)
+            matched = types.get(cls)
+            if matched is None:
+                matched = types[cls] = self._matches(event_type(envelope.event))
+            if matched and (admits is None or admits(envelope)):
+                wanted.append(i)
+        return wanted
+
+    def take(
+        self, log: Log, encode: Callable[[Envelope[Event]], msgspec.Raw]
+    ) -> SharedBatch | None:
+        """Filter and coalesce what the log holds past the cursor; ``None`` if nothing is wanted.
+
+        The cursor moves to the head either way. ``encode`` gives the bytes
+        of an envelope the log does not hold (a merged delta).
+        """
+        envelopes, raws = log.after(self.cursor)
+        self.cursor = log.head_seq
+        wanted = self._wanted(envelopes)
+        if not wanted:
+            return None
+        acc = self._acc
+        before = acc.statistics()
+        for i in wanted:
+            acc.add(envelopes[i])
+        first = acc.first_seq
+        assert first is not None
+        survivors = acc.drain()
+        after = acc.statistics()
+        if after.superseded == before.superseded and after.merged == before.merged:
+            kept = [raws[i] for i in wanted]  # nothing thinned: the survivors are the wanted
+        else:
+            kept = []
+            for envelope in survivors:
+                raw = log.raw_of(envelope)
+                kept.append(raw if raw is not None else encode(envelope))
+        return SharedBatch(survivors, kept, first, sum(map(len, kept)))
+
+    def first_pending(self, log: Log) -> int | None:
+        """The seq of the oldest wanted event past the cursor, ``None`` if there is none."""
+        envelopes, _ = log.after(self.cursor)
+        wanted = self._wanted(envelopes)
+        return envelopes[wanted[0]].seq if wanted else None

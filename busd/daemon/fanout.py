@@ -1,0 +1,258 @@
+"""The daemon's fan-out: cohorts of subscriptions reading the shared log, one task for all.
+
+Per event the daemon does a fixed amount of work, whatever the number of
+subscribers (:meth:`Fanout.append`: add it, encoded once, to the log, and
+make sure a pass is coming). A *pass* (:meth:`Fanout.flush_nowait`: a
+publisher's burst is over, or the fan-out's own task woke) takes, for each
+cohort whose window has passed, the slice since its cursor, filtered and
+coalesced once (:class:`~busd.core.cohorts.Cohort`), and offers that one
+:class:`~busd.core.cohorts.SharedBatch` to each member's
+:class:`~busd.daemon.batching.BatchDispatcher`. A member that keeps up
+writes the shared bytes at once; one that is behind buffers and catches up
+in its own loop, as before. The task sleeps until the earliest window of a
+cohort that waits. docs/performance.md has the measurements.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+import trio
+
+from ..core.coalesce import Keyer
+from ..core.cohorts import Cohort, Log, SharedBatch
+from ..core.events import Envelope, Event
+from ..wire import encode_envelope
+from .batching import BatchDispatcher
+
+__all__ = ["Fanout", "FanoutStatistics", "Member"]
+
+logger = logging.getLogger("busd.daemon")
+
+
+class Member(Protocol):
+    """What the fan-out needs of a subscription (:class:`busd.daemon.hub.Subscription`)."""
+
+    dispatcher: BatchDispatcher
+    cohort: Cohort[Member] | None
+
+    @property
+    def filtered(self) -> bool:
+        """Whether :meth:`admits` must see each event (sessions, owner)."""
+
+    def cohort_key(self) -> Hashable:
+        """Equal for members that want the same events at the same pace."""
+
+    def matches(self, name: str) -> bool: ...
+    def admits(self, envelope: Envelope[Event]) -> bool: ...
+    def failed(self, exc: Exception) -> None:
+        """Offering to it raised: its connection ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class FanoutStatistics:
+    cohorts: int
+    members: int
+    held: int
+    """Events the log holds for cohorts whose window has not passed."""
+    passes: int
+    """Passes that found something to take (a publisher's settle or the task)."""
+    task_wakeups: int
+    batches: int
+    """Shared batches taken: one per cohort per window with wanted events."""
+    offered: int
+    """Batches offered to members: ``offered / batches`` is the sharing."""
+
+
+Drop = Callable[[Member], None]
+
+
+class Fanout:
+    """Cohorts over one log; :meth:`run` in the daemon's nursery paces the windows.
+
+    ``drop`` is told about a member whose dispatcher refused a batch (its
+    connection is going away) or failed (its connection ends): the daemon
+    removes that subscription. ``limit`` bounds the log: past it, every
+    cohort takes what it holds, window or not (its members buffer it,
+    coalescing, as a burst always did).
+    """
+
+    def __init__(
+        self,
+        *,
+        keyer: Keyer,
+        max_merged_chars: int,
+        limit: int,
+        head_seq: int = 0,
+        drop: Drop,
+    ) -> None:
+        self.log = Log(head_seq=head_seq)
+        self._keyer = keyer
+        self._max_merged_chars = max_merged_chars
+        self._limit = limit
+        self._drop = drop
+        self._cohorts: dict[Hashable, Cohort[Member]] = {}
+        self._pending = False  # appended since the last pass
+        self._wakeup = trio.Event()
+        self._sleeping_until = math.inf
+        self._in_task = False  # the task's own pass: it sleeps afterwards anyway
+        self._passes = 0
+        self._woken = 0
+        self._batches = 0
+        self._offered = 0
+
+    # -- per event ---------------------------------------------------------------
+
+    def append(self, envelope: Envelope[Event], raw: msgspec.Raw) -> None:
+        """Log one accepted event (its bytes already encoded); a pass will offer it."""
+        log = self.log
+        log.append(envelope, raw)
+        if not self._cohorts:
+            log.trim(envelope.seq)  # nobody reads: nothing to keep
+            return
+        if not self._pending:
+            self._pending = True
+            self._wakeup.set()
+        elif len(log) >= self._limit:
+            self._wakeup.set()
+
+    # -- members -----------------------------------------------------------------
+
+    def join(self, member: Member) -> None:
+        """Add ``member`` to the cohort of its key; it gets the events after the head."""
+        key = member.cohort_key()
+        cohort = self._cohorts.get(key)
+        log = self.log
+        if cohort is None:
+            dispatcher = member.dispatcher
+            cohort = self._cohorts[key] = Cohort(
+                key,
+                matches=member.matches,
+                admits=member.admits if member.filtered else None,
+                window=dispatcher.window,
+                merge_deltas=dispatcher.merge_deltas,
+                cursor=log.head_seq,
+                keyer=self._keyer,
+                max_merged_chars=self._max_merged_chars,
+            )
+        elif cohort.cursor < log.head_seq:
+            # What the others have not been given yet predates this member: give it
+            # to them now (their dispatchers keep their windows).
+            self._take(cohort, trio.current_time(), force=True)
+        cohort.members.append(member)
+        member.cohort = cohort
+
+    def leave(self, member: Member) -> None:
+        cohort = member.cohort
+        if cohort is None:
+            return
+        member.cohort = None
+        if member in cohort.members:
+            cohort.members.remove(member)
+        if not cohort.members and self._cohorts.get(cohort.key) is cohort:
+            del self._cohorts[cohort.key]
+            self._trim()
+
+    def pending_seq(self, member: Member) -> int | None:
+        """The oldest seq ``member`` wants that its cohort has not taken yet."""
+        cohort = member.cohort
+        return None if cohort is None else cohort.first_pending(self.log)
+
+    async def flush(self, member: Member) -> None:
+        """Deliver what ``member`` was given or may take, window or not (its dispatcher's flush)."""
+        cohort = member.cohort
+        if cohort is not None and cohort.cursor < self.log.head_seq:
+            self._take(cohort, trio.current_time(), force=True)
+        await member.dispatcher.flush()
+
+    # -- passes ------------------------------------------------------------------
+
+    def flush_nowait(self) -> None:
+        """A pass: each cohort whose window has passed takes and offers what it has."""
+        if not self._pending:
+            return
+        self._pending = False
+        log = self.log
+        head = log.head_seq
+        now = trio.current_time()
+        over = len(log) >= self._limit
+        deadline = math.inf
+        took = False
+        for cohort in list(self._cohorts.values()):
+            if cohort.cursor >= head:
+                continue
+            due = cohort.last_flush + cohort.window
+            if now >= due or over:
+                took = True
+                self._take(cohort, now)
+            else:
+                deadline = min(deadline, due)
+        if took:
+            self._passes += 1
+        if deadline < math.inf:
+            self._pending = True  # the task comes back for it
+        self._trim()
+        if deadline < self._sleeping_until:  # sooner than the task planned to wake
+            self._sleeping_until = deadline
+            if not self._in_task:
+                self._wakeup.set()
+
+    def _take(self, cohort: Cohort[Member], now: float, *, force: bool = False) -> None:
+        batch = cohort.take(self.log, encode_envelope)
+        if batch is None:
+            return
+        if not force:
+            cohort.last_flush = now
+        self._batches += 1
+        self._offer(cohort, batch)
+
+    def _offer(self, cohort: Cohort[Member], batch: SharedBatch) -> None:
+        dead = []
+        for member in cohort.members:
+            try:
+                member.dispatcher.offer(batch)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                dead.append(member)  # its connection is going away
+            except Exception as exc:  # that member's connection fails, not this pass
+                dead.append(member)
+                member.failed(exc)
+        self._offered += len(cohort.members)
+        for member in dead:
+            self._drop(member)
+
+    def _trim(self) -> None:
+        log = self.log
+        cursors = [c.cursor for c in self._cohorts.values()]
+        log.trim(min(cursors) if cursors else log.head_seq)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Pass whenever events come in or a window ends, until cancelled."""
+        task_status.started()
+        while True:
+            with trio.move_on_at(self._sleeping_until):
+                await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            self._sleeping_until = math.inf
+            self._woken += 1
+            self._pending = True  # a window that ended has events waiting
+            self._in_task = True
+            try:
+                self.flush_nowait()
+            finally:
+                self._in_task = False
+
+    def statistics(self) -> FanoutStatistics:
+        return FanoutStatistics(
+            cohorts=len(self._cohorts),
+            members=sum(len(c.members) for c in self._cohorts.values()),
+            held=len(self.log),
+            passes=self._passes,
+            task_wakeups=self._woken,
+            batches=self._batches,
+            offered=self._offered,
+        )
