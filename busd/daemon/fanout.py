@@ -118,7 +118,7 @@ class Fanout:
         if not self._pending:
             self._pending = True
             self._wakeup.set()
-        elif len(log) >= self._limit:
+        elif len(log) == self._limit:
             self._wakeup.set()
 
     # -- members -----------------------------------------------------------------

@@ -327,7 +327,8 @@ class Daemon:
         self.fanout = Fanout(
             keyer=self.keyer,
             max_merged_chars=self.config.max_frame // 8,  # a merged delta fits a frame
-            limit=self.config.subscription_buffer,
+            # Half a subscriber's buffer: one early batch never fills it alone.
+            limit=max(1, self.config.subscription_buffer // 2),
             head_seq=first_seq - 1,
             drop=self._drop_member,
         )

@@ -1,0 +1,438 @@
+"""Cohorts over the shared log: per event a fixed amount of work, per window a batch per cohort."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from busd.client import connect
+from busd.core.cohorts import Cohort, Log, SharedBatch
+from busd.core.events import (
+    Envelope,
+    Event,
+    SessionIdle,
+    SessionInfo,
+    TextDelta,
+    TokenUsage,
+    TurnStart,
+    Usage,
+)
+from busd.daemon.batching import BatchDispatcher
+from busd.daemon.hub import Daemon, DaemonConfig, Subscription
+from busd.daemon.outbox import Out, Outbox
+from busd.wire import Encoder, Events, encode_envelope, pack_events
+
+from .daemon_helpers import running_daemon
+
+# -- the log ------------------------------------------------------------------------
+
+
+def env(seq: int, event: Event | None = None, session: str = "s1") -> Envelope[Event]:
+    return Envelope(seq=seq, ts=0.0, event=event or TurnStart(), session_id=session)
+
+
+def test_the_log_takes_consecutive_seqs_and_forgets_what_every_cursor_read() -> None:
+    log = Log(head_seq=10)
+    assert log.head_seq == 10
+    envelopes = [env(s) for s in (11, 12, 13)]
+    for e in envelopes:
+        log.append(e, encode_envelope(e))
+    with pytest.raises(ValueError, match="does not follow"):
+        log.append(env(15), encode_envelope(env(15)))
+    assert log.after(11)[0] == envelopes[1:]
+    assert log.raw_of(envelopes[1]) == encode_envelope(envelopes[1])
+    assert log.raw_of(env(12)) is None  # an equal envelope, not the one appended
+    log.trim(12)
+    assert (len(log), log.head_seq) == (1, 13)
+    with pytest.raises(ValueError, match="no longer in the log"):
+        log.after(11)
+    assert log.after(12)[0] == envelopes[2:]
+
+
+# -- a cohort's take ----------------------------------------------------------------
+
+
+def cohort(
+    patterns: tuple[str, ...] = (">",), *, sessions: set[str] | None = None, merge: bool = True
+) -> Cohort[object]:
+    def matches(name: str) -> bool:
+        return any(p == ">" or name.startswith(p.rstrip(">")) for p in patterns)
+
+    admits = None if sessions is None else (lambda e: e.session_id in sessions)
+    return Cohort("key", matches=matches, admits=admits, window=0.0, merge_deltas=merge, cursor=0)
+
+
+def logged(*events: tuple[Event, str]) -> tuple[Log, list[Envelope[Event]]]:
+    log = Log()
+    out = []
+    for seq, (event, session) in enumerate(events, 1):
+        e = env(seq, event, session)
+        log.append(e, encode_envelope(e))
+        out.append(e)
+    return log, out
+
+
+def test_a_take_filters_and_coalesces_once_and_reuses_the_logged_bytes() -> None:
+    log, es = logged(
+        (Usage(tokens=TokenUsage(output_tokens=1)), "s1"),
+        (TextDelta(message_id="m", text="a"), "s2"),
+        (Usage(tokens=TokenUsage(output_tokens=2)), "s1"),  # supersedes the first
+        (SessionInfo(message="hi"), "s1"),
+    )
+    c = cohort(sessions={"s1"})
+    batch = c.take(log, encode_envelope)
+    assert batch is not None
+    assert batch.envelopes == [es[2], es[3]]
+    assert batch.first_seq == 1  # the superseded event counts: a resume starts there
+    assert [bytes(r) for r in batch.raws] == [bytes(log.raw_of(e) or b"") for e in es[2:]]
+    assert batch.size == sum(map(len, batch.raws))
+    assert c.cursor == 4
+    assert c.take(log, encode_envelope) is None  # nothing new
+
+
+def test_a_merged_delta_is_encoded_anew_and_resumes_from_its_first_piece() -> None:
+    log, _ = logged(
+        (TextDelta(message_id="m", text="a"), "s1"), (TextDelta(message_id="m", text="b"), "s1")
+    )
+    batch = cohort().take(log, encode_envelope)
+    assert batch is not None
+    [merged] = batch.envelopes
+    assert isinstance(merged.event, TextDelta)
+    assert (merged.event.text, merged.seq, batch.first_seq) == ("ab", 2, 1)
+    assert batch.raws == [encode_envelope(merged)]
+
+
+def test_first_pending_is_the_oldest_wanted_event_not_taken_yet() -> None:
+    log, _ = logged((TurnStart(), "s2"), (TurnStart(), "s1"))
+    c = cohort(sessions={"s1"})
+    assert c.first_pending(log) == 2
+    c.take(log, encode_envelope)
+    assert c.first_pending(log) is None
+
+
+# -- the daemon's fan-out ---------------------------------------------------------------
+
+
+class Recorder:
+    """A member's sends: what arrived, when, and whether it was sent without waiting."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, list[Envelope[Event]]]] = []
+        self.direct = 0
+
+    async def send(self, batch: list[Envelope[Event]]) -> None:
+        self.batches.append((trio.current_time(), batch))
+        await trio.lowlevel.checkpoint()
+
+    def send_shared(self, batch: SharedBatch) -> bool:
+        self.direct += 1
+        self.batches.append((trio.current_time(), batch.envelopes))
+        return True
+
+    @property
+    def events(self) -> list[Envelope[Event]]:
+        return [e for _, b in self.batches for e in b]
+
+
+@asynccontextmanager
+async def daemon_running(**config: object) -> AsyncIterator[tuple[Daemon, trio.Nursery]]:
+    daemon = Daemon(DaemonConfig(journal=None, **config))  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        yield daemon, nursery
+        nursery.cancel_scope.cancel()
+
+
+async def member(
+    daemon: Daemon,
+    nursery: trio.Nursery,
+    *,
+    patterns: tuple[str, ...] = (">",),
+    window: float = 0.0,
+    merge: bool = True,
+    sessions: list[str] | None = None,
+    sub_id: int = 1,
+) -> tuple[Subscription, Recorder]:
+    recorder = Recorder()
+    dispatcher = BatchDispatcher(
+        recorder.send,
+        window=window,
+        merge_deltas=merge,
+        max_events=daemon.config.subscription_buffer,
+        send_shared=recorder.send_shared,
+    )
+    sub = Subscription(
+        1, sub_id, patterns, sessions=sessions, owned_only=False, dispatcher=dispatcher
+    )
+    daemon.add_subscription(sub)
+    await nursery.start(dispatcher.run)
+    return sub, recorder
+
+
+INFO = ("stream.session.info",)  # not what the accountant derives
+DELTAS = ("stream.text.delta",)
+
+
+async def test_identical_subscriptions_share_one_cohort_and_its_work() -> None:
+    async with daemon_running() as (daemon, nursery):
+        members = [await member(daemon, nursery, sub_id=i) for i in range(16)]
+        await member(daemon, nursery, window=0.016)  # another pace
+        await member(daemon, nursery, patterns=("stream.>",))  # other events
+        await member(daemon, nursery, sessions=["s1"])
+        await member(daemon, nursery, merge=False)
+        assert daemon.fanout.statistics().cohorts == 5
+        for i in range(20):
+            daemon.publish(TextDelta(message_id="m", text=f"{i} "), session_id="s1")
+            daemon.settle()
+        stats = daemon.fanout.statistics()
+        shared = members[0][0].cohort
+        assert shared is not None
+        assert shared is members[-1][0].cohort
+        # Coalesced once for the 16, not 16 times: the cohort's accumulator saw each event once.
+        assert shared._acc.statistics().added == 20
+        assert stats.offered == stats.batches + 15 * 20  # each of the 20 batches to 16 members
+        assert all(r.events == members[0][1].events for _, r in members)
+        assert all(r.direct == 20 for _, r in members)  # idle members: no task switch
+        for sub, _ in members:
+            daemon.remove_subscription(sub)
+        assert daemon.fanout.statistics().cohorts == 4
+
+
+async def test_the_first_event_goes_at_once_and_the_rest_wait_for_the_window(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with daemon_running() as (daemon, nursery):
+        _, r = await member(daemon, nursery, window=1.0, patterns=INFO)
+        daemon.publish(SessionInfo(message="one"), session_id="s1")
+        daemon.settle()
+        await trio.sleep(0.25)
+        daemon.publish(SessionInfo(message="two"), session_id="s1")
+        daemon.publish(SessionInfo(message="three"), session_id="s1")
+        daemon.settle()
+        assert len(r.batches) == 1  # held by the cohort, not by the member
+        assert daemon.fanout.statistics().held >= 2  # (with what the accountant derived)
+        await trio.sleep(1)  # the fan-out's task takes it when the window ends
+        assert [(t, len(b)) for t, b in r.batches] == [(0.0, 1), (1.0, 2)]
+        assert daemon.fanout.statistics().held == 0
+
+
+async def test_a_member_that_joins_mid_window_gets_only_what_follows(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with daemon_running() as (daemon, nursery):
+        _, early = await member(daemon, nursery, window=1.0, patterns=INFO)
+        first = daemon.publish(SessionInfo(message="one"), session_id="s1")
+        daemon.settle()
+        await trio.sleep(0.2)
+        held = daemon.publish(SessionInfo(message="two"), session_id="s1")
+        daemon.settle()
+        _, late = await member(daemon, nursery, window=1.0, patterns=INFO)
+        after = daemon.publish(SessionInfo(message="three"), session_id="s1")
+        daemon.settle()
+        await trio.sleep(2)
+        assert early.events == [first, held, after]
+        times = [t for t, _ in early.batches]
+        assert times[:2] == [0.0, 1.0]  # its window held, join or not
+        assert all(b - a >= 1.0 for a, b in pairwise(times))
+        assert late.events == [after]
+
+
+async def test_a_window_full_of_events_is_taken_early_and_nothing_is_lost(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with daemon_running(subscription_buffer=8) as (daemon, nursery):
+        sub, r = await member(daemon, nursery, window=30.0, merge=False, patterns=DELTAS)
+        sent = []
+        for i in range(50):
+            sent.append(daemon.publish(TextDelta(message_id="m", text=f"{i}"), session_id="s1"))
+            await trio.lowlevel.checkpoint()  # a connection's reader yields every so often
+            assert daemon.fanout.statistics().held <= 8 // 2 + 1  # half the member's buffer
+        await trio.sleep(60)  # the member sends what it buffered, as a burst always did
+        assert r.events == sent
+        assert not sub.dispatcher.statistics().overflowed
+
+
+async def test_the_resume_point_counts_what_a_cohort_holds(autojump_clock: trio.abc.Clock) -> None:
+    async with daemon_running() as (daemon, nursery):
+        sub, _ = await member(daemon, nursery, window=5.0, sessions=["s1"], patterns=INFO)
+        daemon.publish(SessionInfo(message="one"), session_id="s1")
+        daemon.settle()
+        daemon.publish(SessionInfo(message="other"), session_id="s2")
+        held = daemon.publish(SessionInfo(message="two"), session_id="s1")
+        daemon.settle()
+        assert sub.dispatcher.pending_seq() is None  # the member has nothing
+        assert daemon.fanout.pending_seq(sub) == held.seq  # its cohort has
+        await daemon.fanout.flush(sub)  # a goodbye's flush: window or not
+        assert daemon.fanout.pending_seq(sub) is None
+
+
+async def test_nobody_subscribed_keeps_nothing() -> None:
+    async with daemon_running() as (daemon, _):
+        for _ in range(100):
+            daemon.publish(SessionIdle(), session_id="s1")
+        assert daemon.fanout.statistics().held == 0
+
+
+# -- what subscribers see, whatever the mix (model-based) ---------------------------------
+
+Step = tuple[str, int]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("delta"), st.integers(0, 1)),
+            st.tuples(st.just("usage"), st.integers(1, 50)),
+            st.tuples(st.just("info"), st.integers(0, 9)),
+            st.tuples(st.just("settle"), st.just(0)),
+            st.tuples(st.just("sleep"), st.sampled_from([1, 5, 20])),
+            st.tuples(st.just("join"), st.sampled_from([0, 10])),
+        ),
+        max_size=60,
+    )
+)
+def test_every_member_gets_what_followed_its_join_losslessly_in_order(steps: list[Step]) -> None:
+    """Deltas concatenate to what was sent, lifecycle events all arrive, the last usage wins."""
+
+    async def main() -> None:
+        async with daemon_running() as (daemon, nursery):
+            joined: list[tuple[int, Recorder]] = []  # (head seq at join, its recorder)
+            published: list[Envelope[Event]] = []
+            for kind, arg in steps:
+                match kind:
+                    case "delta":
+                        text = f"{len(published)}|"
+                        event: Event = TextDelta(message_id=f"m{arg}", text=text)
+                        published.append(daemon.publish(event, session_id="s1"))
+                    case "usage":
+                        tokens = TokenUsage(output_tokens=arg)
+                        published.append(daemon.publish(Usage(tokens=tokens), session_id="s1"))
+                    case "info":
+                        info = SessionInfo(message=str(arg))
+                        published.append(daemon.publish(info, session_id="s1"))
+                    case "settle":
+                        daemon.settle()
+                    case "sleep":
+                        await trio.sleep(arg / 1000)
+                    case "join":
+                        head = daemon.bus.head_seq
+                        _, r = await member(daemon, nursery, window=arg / 1000)
+                        joined.append((head, r))
+            for sub in list(daemon._subscriptions):
+                await daemon.fanout.flush(sub)
+            for head, r in joined:
+                check(r, [e for e in published if e.seq > head])
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def check(r: Recorder, sent: list[Envelope[Event]]) -> None:
+    got = [e for e in r.events if e.source != "busd.accounting"]
+    seqs = [e.seq for e in got]
+    assert seqs == sorted(set(seqs))
+    for message in ("m0", "m1"):
+        texts = [
+            e.event.text
+            for e in sent
+            if isinstance(e.event, TextDelta) and e.event.message_id == message
+        ]
+        mine = [
+            e.event.text
+            for e in got
+            if isinstance(e.event, TextDelta) and e.event.message_id == message
+        ]
+        assert "".join(mine) == "".join(texts)
+    infos = [e for e in sent if isinstance(e.event, SessionInfo)]
+    assert [e for e in got if isinstance(e.event, SessionInfo)] == infos
+    usages = [e for e in sent if isinstance(e.event, Usage)]
+    if usages:
+        assert [e for e in got if isinstance(e.event, Usage)][-1] == usages[-1]
+
+
+# -- the bytes on the wire ---------------------------------------------------------------
+
+
+def test_a_frame_head_and_a_shared_array_are_exactly_an_events_frame() -> None:
+    raws = [encode_envelope(env(s)) for s in range(1, 40)]
+    packed = pack_events(raws)
+    encoder = Encoder()
+    for sub in (0, 7, 300, 70_000):
+        frame = encoder.events_head(sub, packed) + packed
+        assert frame == encoder.encode(Events(sub=sub, events=raws))
+
+
+async def test_frames_with_a_shared_array_arrive_whole_through_a_small_socket_buffer() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sender = trio.SocketStream(trio.socket.from_stdlib_socket(a))
+    receiver = trio.SocketStream(trio.socket.from_stdlib_socket(b))
+    broken: list[bool] = []
+    outbox = Outbox(
+        sender,
+        cap=1 << 30,
+        hard_cap=1 << 30,
+        on_overflow=lambda: None,
+        on_broken=lambda: broken.append(True),
+    )
+    body = bytes(range(256)) * 200  # 51,200 bytes shared by every frame
+    frames = [Out(f"head-{i}".encode(), i, tail=body) for i in range(20)]
+    expected = b"".join(f.data + f.tail for f in frames)
+    got = bytearray()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        outbox.push(frames[0])  # written through (writev), most of it waits
+        for f in frames[1:]:
+            outbox.push(f)  # queued: the writer's sendmsg
+        with trio.fail_after(10):
+            while len(got) < len(expected):
+                got += await receiver.receive_some(1 << 16)
+        outbox.close()
+    await sender.aclose()
+    await receiver.aclose()
+    assert bytes(got) == expected
+    assert not broken
+
+
+async def test_subscribers_of_one_cohort_receive_the_same_events_over_the_socket(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "busd.sock"
+    async with (
+        running_daemon(path) as server,
+        connect(path, role="agent") as publisher,
+        connect(path) as c1,
+        connect(path) as c2,
+        connect(path) as c3,
+        c1.subscribe(["stream.text.delta"], deltas="raw", window_ms=0) as s1,
+        c2.subscribe(["stream.text.delta"], deltas="raw", window_ms=0) as s2,
+        c3.subscribe(["stream.text.delta"], deltas="raw", window_ms=0) as s3,
+    ):
+        assert server.daemon.fanout.statistics().cohorts == 1
+        for i in range(300):
+            publisher.publish_nowait(TextDelta(message_id="m", text=f"{i} "), session_id="s1")
+        await publisher.flush()
+        got = [await collect_n(s, 300) for s in (s1, s2, s3)]
+        assert got[0] == got[1] == got[2]
+        texts = [e.event.text for e in got[0] if isinstance(e.event, TextDelta)]
+        assert texts == [f"{i} " for i in range(300)]
+
+
+async def collect_n(sub: AsyncIterator[object], n: int) -> list[Envelope[Event]]:
+    got: list[Envelope[Event]] = []
+    with trio.fail_after(20):
+        async for batch in sub:
+            got.extend(batch.events)  # type: ignore[attr-defined]
+            if len(got) >= n:
+                break
+    return got
