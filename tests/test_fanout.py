@@ -111,6 +111,22 @@ def test_a_merged_delta_is_encoded_anew_and_resumes_from_its_first_piece() -> No
     assert batch.raws == [encode_envelope(merged)]
 
 
+def test_raw_deltas_and_lifecycle_events_skip_the_accumulator_keyed_ones_do_not() -> None:
+    log, es = logged((TextDelta(message_id="m", text="a"), "s1"), (TurnStart(), "s1"))
+    c = cohort(merge=False)
+    batch = c.take(log, encode_envelope)
+    assert batch is not None
+    assert batch.envelopes == es
+    assert c._acc.statistics().added == 0  # nothing could be thinned: not even looked at
+    for tokens in (1, 2):
+        e = env(log.head_seq + 1, Usage(tokens=TokenUsage(output_tokens=tokens)))
+        log.append(e, encode_envelope(e))
+    batch = c.take(log, encode_envelope)
+    assert batch is not None
+    assert [e.seq for e in batch.envelopes] == [4]  # the later snapshot won
+    assert batch.first_seq == 3
+
+
 def test_first_pending_is_the_oldest_wanted_event_not_taken_yet() -> None:
     log, _ = logged((TurnStart(), "s2"), (TurnStart(), "s1"))
     c = cohort(sessions={"s1"})

@@ -25,7 +25,14 @@ from typing import Final, Generic, TypeVar
 
 import msgspec
 
-from .coalesce import DEFAULT_MAX_MERGED_CHARS, Accumulator, Keyer, coalescing_key
+from .coalesce import (
+    DEFAULT_MAX_MERGED_CHARS,
+    DELTA_TYPES,
+    LIFECYCLE_TYPES,
+    Accumulator,
+    Keyer,
+    coalescing_key,
+)
 from .events import Envelope, Event, event_type
 
 __all__ = ["Cohort", "Log", "SharedBatch"]
@@ -121,6 +128,7 @@ class Cohort(Generic[M]):
     __slots__ = (
         "_acc",
         "_admits",
+        "_inert",
         "_matches",
         "_types",
         "cursor",
@@ -152,6 +160,7 @@ class Cohort(Generic[M]):
         self._matches = matches
         self._admits = admits
         self._types: dict[type[Event], bool] = {}
+        self._inert = LIFECYCLE_TYPES if merge_deltas else LIFECYCLE_TYPES | DELTA_TYPES
         self._acc = Accumulator(
             keyer=keyer,
             merge_deltas=merge_deltas,
@@ -186,12 +195,14 @@ class Cohort(Generic[M]):
         wanted = self._wanted(envelopes)
         if not wanted:
             return None
+        first = envelopes[wanted[0]].seq
+        if not self._may_coalesce(envelopes, wanted):
+            kept = [raws[i] for i in wanted]  # nothing to thin: the survivors are the wanted
+            return SharedBatch([envelopes[i] for i in wanted], kept, first, sum(map(len, kept)))
         acc = self._acc
         before = acc.statistics()
         for i in wanted:
             acc.add(envelopes[i])
-        first = acc.first_seq
-        assert first is not None
         survivors = acc.drain()
         after = acc.statistics()
         if after.superseded == before.superseded and after.merged == before.merged:
@@ -202,6 +213,15 @@ class Cohort(Generic[M]):
                 raw = log.raw_of(envelope)
                 kept.append(raw if raw is not None else encode(envelope))
         return SharedBatch(survivors, kept, first, sum(map(len, kept)))
+
+    def _may_coalesce(self, envelopes: list[Envelope[Event]], wanted: list[int]) -> bool:
+        """Whether any wanted event could be superseded or merged (else the accumulator is moot).
+
+        Lifecycle types never are, deltas only when merging; a keyed type or
+        one the built-in rules do not know (a plugin keyer may key it) could.
+        """
+        inert = self._inert
+        return any(type(envelopes[i].event) not in inert for i in wanted)
 
     def first_pending(self, log: Log) -> int | None:
         """The seq of the oldest wanted event past the cursor, ``None`` if there is none."""

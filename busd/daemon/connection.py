@@ -431,8 +431,15 @@ class Connection:
                 )
                 self._queue(Error(code=INVALID_EVENT, message=message))
                 return
+        publish = self.daemon.publish  # every event was checked above: no second refusal check
         for outgoing in events:
-            self.daemon.publish_from_client(outgoing, source=self.name)
+            publish(
+                outgoing.event,
+                session_id=outgoing.session_id,
+                run_id=outgoing.run_id,
+                agent_id=outgoing.agent_id,
+                source=self.name,
+            )
             self._unyielded += 1
             if self._unyielded >= _YIELD_EVERY:  # counted across frames: small ones add up
                 self._unyielded = 0
