@@ -236,3 +236,87 @@ def test_route_cache_follows_later_registrations() -> None:
     bus.on("stream.usage", recorder(seen, "typed"))
     bus.publish(Usage(tokens=TokenUsage(output_tokens=2)))
     assert seen == [("typed", 2)]
+
+
+# -- runs ----------------------------------------------------------------------------
+
+
+def routed(*events: Event, session: str = "s1") -> list[tuple[Event, str, None, None, bool]]:
+    return [(e, session, None, None, False) for e in events]
+
+
+def test_a_run_is_sequenced_at_once_and_reaches_each_handler_whole() -> None:
+    bus = Bus()
+    seen: Seen = []
+    runs: list[list[int]] = []
+    bus.on("stream.text.delta", recorder(seen, "typed"))
+    bus.on_all(recorder(seen, "one"), many=lambda es: runs.append([e.seq for e in es]))
+    bus.on_all(recorder(seen, "plain"))
+    envelopes = bus.publish_run(routed(delta("a"), delta("b"), delta("c")), source="me")
+    assert [e.seq for e in envelopes] == [1, 2, 3]
+    assert {e.ts for e in envelopes} == {envelopes[0].ts}  # accepted together
+    assert len({e.id for e in envelopes}) == 3
+    assert {e.source for e in envelopes} == {"me"}
+    assert runs == [[1, 2, 3]]  # the one with many= in one call, instead of its handler
+    assert seen == [
+        ("typed", 1),
+        ("typed", 2),
+        ("typed", 3),
+        ("plain", 1),
+        ("plain", 2),
+        ("plain", 3),
+    ]
+    assert bus.statistics().published == 3
+
+
+def test_what_a_handler_publishes_during_a_run_follows_the_run() -> None:
+    bus = Bus()
+    order: list[tuple[int, str]] = []
+
+    def derive(envelope: Envelope[Event]) -> None:
+        order.append((envelope.seq, envelope.event.__struct_config__.tag))  # type: ignore[arg-type]
+        if isinstance(envelope.event, TextDelta) and envelope.event.text == "a":
+            bus.publish(SessionIdle(), session_id="s1")
+
+    bus.on_all(derive)
+    bus.publish_run(routed(delta("a"), delta("b")))
+    assert order == [(1, "stream.text.delta"), (2, "stream.text.delta"), (3, "stream.session.idle")]
+
+
+def test_a_run_published_from_a_handler_goes_one_by_one_in_turn() -> None:
+    bus = Bus()
+    order: list[int] = []
+
+    def handler(envelope: Envelope[Event]) -> None:
+        order.append(envelope.seq)
+        if envelope.seq == 1:
+            bus.publish_run(routed(delta("b"), delta("c")))
+
+    bus.on_all(handler)
+    bus.publish(delta("a"), session_id="s1")
+    assert order == [1, 2, 3]
+
+
+def test_a_run_of_two_types_is_refused_whole() -> None:
+    bus = Bus()
+    seen: Seen = []
+    bus.on_all(recorder(seen, "all"))
+    with pytest.raises(ValueError, match="one type"):
+        bus.publish_run(routed(delta("a"), ThinkingDelta(message_id="m1", text="b")))
+    assert (seen, bus.head_seq) == ([], 0)
+
+
+def test_a_failing_many_handler_is_reported_once_and_the_others_get_the_run() -> None:
+    bus = Bus()
+    seen: Seen = []
+    errors: list[HandlerError] = []
+    bus.on_internal_error(errors.append)
+
+    def explode(envelopes: list[Envelope[Event]]) -> None:
+        raise RuntimeError("boom")
+
+    bus.on_all(recorder(seen, "unused"), many=explode)
+    bus.on_all(recorder(seen, "after"))
+    bus.publish_run(routed(delta("a"), delta("b")))
+    assert seen == [("after", 1), ("after", 2)]
+    assert [(e.envelope.seq, str(e.exception)) for e in errors] == [(1, "boom")]

@@ -7,7 +7,15 @@ a handler is queued and dispatched once the current event has reached all of
 its handlers (breadth-first), so dispatch order always equals ``seq`` order.
 
 Handlers are plain callables: anything slow or asynchronous belongs behind
-them (the daemon's per-subscriber batch dispatchers), never inside them.
+them (the daemon's fan-out), never inside them.
+
+A *run* of events of one type (:meth:`Bus.publish_run`, a ``publish``
+frame's deltas) is sequenced at once and reaches each handler as a whole: a
+catch-all handler registered with ``many=`` takes the list in one call, the
+others each event in turn. Only for such runs may a handler see event k+1
+before the next handler has seen event k, and an event a handler publishes
+meanwhile is sequenced after the run; the daemon batches only types its
+handlers never publish on (deltas).
 """
 
 from __future__ import annotations
@@ -24,11 +32,15 @@ from .events import Envelope, Event
 from .ids import EventIds
 from .patterns import Pattern, is_pattern
 
-__all__ = ["Bus", "BusStatistics", "Handle", "Handler", "HandlerError"]
+__all__ = ["Bus", "BusStatistics", "Handle", "Handler", "HandlerError", "ManyHandler", "Routed"]
 
 logger = logging.getLogger("busd.bus")
 
 Handler = Callable[[Envelope[Event]], object]
+ManyHandler = Callable[[list[Envelope[Event]]], object]
+"""Takes a run of envelopes at once; must do what the handler does with each, in order."""
+Routed = tuple[Event, str | None, str | None, str | None, bool]
+"""One event of a run: ``(event, session_id, run_id, agent_id, stale)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +67,19 @@ class BusStatistics:
 
 
 class _Entry:
-    __slots__ = ("active", "handler", "pattern", "type_name")
+    __slots__ = ("active", "handler", "many", "pattern", "type_name")
 
-    def __init__(self, handler: Handler, type_name: str | None, pattern: Pattern | None) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        type_name: str | None,
+        pattern: Pattern | None,
+        many: ManyHandler | None = None,
+    ) -> None:
         self.handler = handler
         self.type_name = type_name
         self.pattern = pattern
+        self.many = many
         self.active = True
 
 
@@ -104,6 +123,9 @@ class Bus:
         self.catalog = catalog if catalog is not None else Catalog()
         self._clock = clock
         self._new_id = new_id if new_id is not None else EventIds()
+        self._new_ids: Callable[[int], list[str]] = getattr(
+            self._new_id, "many", lambda n: [self._new_id() for _ in range(n)]
+        )
         self._seq = first_seq - 1
         self._exact: dict[str, list[_Entry]] = {}
         self._patterns: list[_Entry] = []
@@ -134,9 +156,12 @@ class Bus:
         self._routes.clear()
         return Handle(self, entry)
 
-    def on_all(self, handler: Handler) -> Handle:
-        """Call ``handler`` for every event, after the typed and pattern handlers."""
-        entry = _Entry(handler, None, None)
+    def on_all(self, handler: Handler, *, many: ManyHandler | None = None) -> Handle:
+        """Call ``handler`` for every event, after the typed and pattern handlers.
+
+        ``many``, if given, takes a whole run (:meth:`publish_run`) in one call.
+        """
+        entry = _Entry(handler, None, None, many)
         self._catch_all.append(entry)
         self._routes.clear()
         return Handle(self, entry)
@@ -229,6 +254,68 @@ class Bus:
         finally:
             self._dispatching = False
         return envelope
+
+    def publish_run(self, items: list[Routed], *, source: str = "") -> list[Envelope[Event]]:
+        """Sequence and dispatch events of one type as a run (see the module's docstring).
+
+        Every event gets the next ``seq``, a new id, and the same ``ts``. From
+        inside a handler, the events are published one by one instead.
+        """
+        if not items:
+            return []
+        if self._dispatching:
+            return [
+                self.publish(e, session_id=s, run_id=r, agent_id=a, source=source, stale=st)
+                for e, s, r, a, st in items
+            ]
+        cls = type(items[0][0])
+        route = self._routes.get(cls)
+        if route is None:
+            route = self._route(cls, self.catalog.check(items[0][0]))
+        ts = self._clock()
+        seq = self._seq
+        envelopes: list[Envelope[Event]] = []
+        append = envelopes.append
+        for (event, session_id, run_id, agent_id, stale), event_id in zip(
+            items, self._new_ids(len(items)), strict=True
+        ):
+            if type(event) is not cls:
+                raise ValueError(
+                    f"a run is of one type: {type(event).__qualname__} among {cls.__qualname__}"
+                )
+            seq += 1
+            append(Envelope(seq, ts, event, session_id, run_id, agent_id, source, stale, event_id))
+        self._seq = seq
+        self._published += len(envelopes)
+        self._dispatching = True
+        try:
+            for entry in route:
+                if not entry.active:
+                    continue
+                many = entry.many
+                if many is not None:
+                    try:
+                        many(envelopes)
+                    except Exception as exc:
+                        self._handler_failed(envelopes[0], entry.handler, exc)
+                    continue
+                handler = entry.handler
+                for envelope in envelopes:
+                    try:
+                        handler(envelope)
+                    except Exception as exc:
+                        self._handler_failed(envelope, handler, exc)
+            queue = self._queue
+            while queue:
+                queued = queue.popleft()
+                qcls = type(queued.event)
+                qroute = self._routes.get(qcls)
+                if qroute is None:
+                    qroute = self._route(qcls, self.catalog.check(queued.event))
+                self._deliver(queued, qroute)
+        finally:
+            self._dispatching = False
+        return envelopes
 
     def _deliver(self, envelope: Envelope[Event], route: tuple[_Entry, ...]) -> None:
         for entry in route:

@@ -56,6 +56,19 @@ class AccountingService:
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
         self._publish(self.accountant.observe(envelope, self._clock()))
+        self._woken()
+
+    def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
+        """:meth:`_on_event` for a run: one clock read, one wake-up check."""
+        now = self._clock()
+        observe = self.accountant.observe
+        for envelope in envelopes:
+            derived = observe(envelope, now)
+            if derived:
+                self._publish(derived)
+        self._woken()
+
+    def _woken(self) -> None:
         # Wake the loop only when it must now wake earlier than it planned: not
         # a task switch per event.
         wakeup = self.accountant.next_wakeup()
@@ -64,7 +77,7 @@ class AccountingService:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Observe the bus and tick until cancelled; owned by the caller's nursery."""
-        self._handle = self.bus.on_all(self._on_event)
+        self._handle = self.bus.on_all(self._on_event, many=self._on_events)
         try:
             task_status.started()
             while True:

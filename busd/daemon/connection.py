@@ -9,7 +9,7 @@ resume_seq)`` and closed, and nobody else waits for it. Works over any Trio
 stream, so tests can use memory streams.
 
 Containment: every task of a connection runs in the connection's own
-nursery, guarded; so does whatever other tasks (the flusher, a publisher)
+nursery, guarded; so does whatever other tasks (the fan-out, a publisher)
 call into it. Whatever raises ends this connection only, with
 ``goodbye(internal_error, resume_seq)``, its traceback logged once and
 counted in ``status`` (``internal_errors``); :meth:`Connection.serve` never
@@ -413,12 +413,10 @@ class Connection:
             decoder.feed(data)
 
     async def _publish(self, frame: Publish[Event]) -> None:
-        """Sequence a publish frame's events, all or none.
+        """Sequence a publish frame's events, all or none (each is checked first).
 
-        Every event is checked before any is published. One frame can carry
-        thousands of small events; publishing them in one go would land them
-        all in every subscriber's buffer before any of them gets to send, so
-        subscribers drain every so often.
+        A frame can carry thousands of small events: the reader yields every
+        so often, so that subscribers drain meanwhile.
         """
         events = frame.events
         for index, outgoing in enumerate(events):
@@ -431,16 +429,12 @@ class Connection:
                 )
                 self._queue(Error(code=INVALID_EVENT, message=message))
                 return
-        publish = self.daemon.publish  # every event was checked above: no second refusal check
-        for outgoing in events:
-            publish(
-                outgoing.event,
-                session_id=outgoing.session_id,
-                run_id=outgoing.run_id,
-                agent_id=outgoing.agent_id,
-                source=self.name,
-            )
-            self._unyielded += 1
+        start = 0
+        while start < len(events):  # checked above: published as they are, deltas as runs
+            chunk = events[start : start + _YIELD_EVERY - self._unyielded]
+            self.daemon.publish_frame(chunk, source=self.name)
+            self._unyielded += len(chunk)
+            start += len(chunk)
             if self._unyielded >= _YIELD_EVERY:  # counted across frames: small ones add up
                 self._unyielded = 0
                 await self._journal_room()

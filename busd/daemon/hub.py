@@ -4,8 +4,9 @@ One :class:`Daemon` owns the bus and what hangs off it: correlation (stamped
 on every event before it is sequenced), the accountant (derived ``busd.*``
 events), the replay history, the session registry, and every live
 subscription. Each accepted event is encoded to msgpack exactly once, here;
-the bytes are kept for replay and reused in every subscriber's ``events``
-frame, so fan-out to N subscribers costs one serialization, not N.
+the bytes are kept for replay and appended to the fan-out's log
+(:mod:`busd.daemon.fanout`), whose cohorts send them to every subscriber:
+per event the hub's work does not depend on how many subscribe.
 
 With a journal (:mod:`busd.journal`), the same bytes are queued for it
 too, ``seq`` continues after the journal's, the sessions it knew come back,
@@ -13,7 +14,7 @@ and a resume from before the replay ring reads the rest from the file.
 
 Connections (:mod:`busd.connection`) call in synchronously; the only Trio
 parts are :meth:`Daemon.run` (the accountant's tick loop, the journal's
-writer and the nursery that subscription dispatchers run in).
+writer, the fan-out's task and the nursery that plugin services run in).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -32,10 +32,9 @@ import trio
 
 from .._version import __version__
 from ..core.accounting import Accountant
-from ..core.bus import Bus
+from ..core.bus import Bus, Routed
 from ..core.catalog import Catalog
 from ..core.coalesce import Keyer, chain_keyers, coalescing_key
-from ..core.cohorts import Cohort
 from ..core.correlation import Correlator
 from ..core.errors import BusdError
 from ..core.events import (
@@ -45,17 +44,17 @@ from ..core.events import (
     InternalError,
     PermissionRequested,
     StreamingStats,
+    TextDelta,
+    ThinkingDelta,
     event_type,
 )
 from ..core.history import History
-from ..core.patterns import Pattern
 from ..core.permissions import PermissionRule
 from ..core.sessions import SessionRegistry
 from ..plugins.adapters import Adapter, Emitted
 from ..plugins.manager import HookFailure, PluginManager, supervise
 from ..wire import DEFAULT_GRANTS, DEFAULT_MAX_FRAME, Limits, Outgoing, Right, Role, encode_envelope
 from .accounting import AccountingService
-from .batching import BatchDispatcher
 from .broker import PermissionBroker
 from .fanout import Fanout, Member
 from .journal import (
@@ -68,10 +67,13 @@ from .journal import (
     session_row,
 )
 from .runs import RunManager
+from .subscription import Subscription
 
-__all__ = ["Daemon", "DaemonConfig", "PublishRejected", "Resume", "Subscription"]
+__all__ = ["Daemon", "DaemonConfig", "Resume", "Subscription"]
 
 _BUILTIN = frozenset(BUILTIN_EVENTS)
+_RUNS: frozenset[type[Event]] = frozenset({TextDelta, ThinkingDelta})
+"""What :meth:`Daemon.publish_frame` publishes as runs: the daemon never publishes on them."""
 
 logger = logging.getLogger("busd.daemon")
 
@@ -152,115 +154,6 @@ class Resume:
         return self.since_seq > self.head_seq
 
 
-class PublishRejected(ValueError):
-    """A client's event that the daemon will not sequence (the reason is the message)."""
-
-
-SendBatch = Callable[["Subscription", list[Envelope[Event]]], None]
-
-
-class Subscription:
-    """One ``subscribe`` of one connection: its filter and its batch dispatcher.
-
-    In the daemon it is a member of the cohort (:mod:`busd.daemon.fanout`)
-    of the subscriptions with the same :meth:`cohort_key`.
-    """
-
-    __slots__ = (
-        "_key",
-        "_matches",
-        "_names",
-        "cohort",
-        "connection_id",
-        "dispatcher",
-        "id",
-        "on_error",
-        "owned",
-        "owned_only",
-        "patterns",
-        "sessions",
-    )
-
-    def __init__(
-        self,
-        connection_id: int,
-        sub_id: int,
-        patterns: Iterable[str],
-        *,
-        sessions: Iterable[str] | None,
-        owned_only: bool,
-        dispatcher: BatchDispatcher,
-        owned: AbstractSet[str] = frozenset(),
-    ) -> None:
-        self.connection_id = connection_id
-        self.id = sub_id
-        patterns = list(patterns)
-        self.patterns = [Pattern(p) for p in patterns]  # InvalidPattern for a bad one
-        self.sessions = frozenset(sessions) if sessions is not None else None
-        self.owned_only = owned_only
-        self.owned = owned
-        """With ``owned_only``: the ids of the runs this client started (a live set)."""
-        self.dispatcher = dispatcher
-        self._matches: dict[type[Event], bool] = {}
-        self._names: dict[str, bool] = {}
-        self.on_error: Callable[[Exception], None] | None = None
-        """Told when adding an event failed unexpectedly: its connection ends."""
-        self.cohort: Cohort[Member] | None = None
-        self._key = (
-            tuple(sorted(set(patterns))),
-            self.sessions,
-            id(owned) if owned_only else None,  # the same live set: the same owner
-            dispatcher.window,
-            dispatcher.merge_deltas,
-        )
-
-    def cohort_key(self) -> Hashable:
-        """Equal for subscriptions that want the same events at the same pace."""
-        return self._key
-
-    def failed(self, exc: Exception) -> None:
-        """Adding an event raised: the owner fails (the fan-out to the others goes on)."""
-        if self.on_error is not None:
-            self.on_error(exc)
-        else:
-            logger.error("subscription %d failed; dropped", self.id, exc_info=exc)
-
-    def wants_row(self, name: str, session_id: str | None, run_id: str | None, stale: bool) -> bool:
-        """:meth:`wants` for a journaled event, from its columns (no decoding)."""
-        if self.sessions is not None and session_id not in self.sessions:
-            return False
-        if self.owned_only and (stale or run_id not in self.owned):
-            return False
-        return self.matches(name)
-
-    @property
-    def filtered(self) -> bool:
-        """Whether events of a matching type still need :meth:`admits`."""
-        return self.sessions is not None or self.owned_only
-
-    def matches(self, name: str) -> bool:
-        """Whether an event type is one of the subscribed patterns."""
-        matched = self._names.get(name)
-        if matched is None:
-            matched = self._names[name] = any(p.matches(name) for p in self.patterns)
-        return matched
-
-    def admits(self, envelope: Envelope[Event]) -> bool:
-        """The per-event part of the filter: sessions and ownership."""
-        if self.sessions is not None and envelope.session_id not in self.sessions:
-            return False
-        return not (self.owned_only and (envelope.stale or envelope.run_id not in self.owned))
-
-    def wants(self, envelope: Envelope[Event]) -> bool:
-        if not self.admits(envelope):
-            return False
-        cls = type(envelope.event)
-        matched = self._matches.get(cls)
-        if matched is None:
-            matched = self._matches[cls] = self.matches(event_type(envelope.event))
-        return matched
-
-
 @dataclass(slots=True)
 class _Counters:
     started: float = field(default_factory=time.time)
@@ -337,7 +230,7 @@ class Daemon:
         self._next_client_id = 0
         self._rate: deque[tuple[int, int]] = deque(maxlen=11)  # (second, head seq)
         self.counters = _Counters()
-        self.bus.on_all(self._on_event)
+        self.bus.on_all(self._on_event, many=self._on_events)
         self._nursery: trio.Nursery | None = None
 
     def _open_journal(self, path: str) -> Journal:
@@ -464,6 +357,45 @@ class Daemon:
             event_id=event_id,
         )
 
+    def publish_frame(self, events: Sequence[Outgoing[Event]], *, source: str) -> None:
+        """A client's events, already checked (:meth:`client_refusal`): deltas as runs.
+
+        Consecutive deltas of one type go through :meth:`Bus.publish_run`,
+        one sequencing and one call per handler for all of them (no handler
+        of the daemon's publishes on a delta); everything else one by one.
+        """
+        run: list[Routed] = []
+        run_cls: type[Event] | None = None
+        route = self.correlator.route
+        publish_run = self.bus.publish_run
+        for outgoing in events:
+            event = outgoing.event
+            cls = type(event)
+            if cls is not run_cls and run:
+                publish_run(run, source=source)
+                run = []
+            if cls in _RUNS:
+                run_cls = cls
+                where = route(
+                    event,
+                    session_id=outgoing.session_id,
+                    run_id=outgoing.run_id,
+                    agent_id=outgoing.agent_id,
+                    parent_tool_call_id=None,
+                )
+                run.append((event, outgoing.session_id, where.run_id, where.agent_id, where.stale))
+                continue
+            run_cls = None
+            self.publish(
+                event,
+                session_id=outgoing.session_id,
+                run_id=outgoing.run_id,
+                agent_id=outgoing.agent_id,
+                source=source,
+            )
+        if run:
+            publish_run(run, source=source)
+
     def publish_emitted(
         self, emitted: Emitted, *, source: str, run_id: str | None = None
     ) -> Envelope[Event] | None:
@@ -492,20 +424,6 @@ class Daemon:
             return f"{name!r} events are derived by the daemon, not published"
         return None
 
-    def publish_from_client(self, outgoing: Outgoing[Event], *, source: str) -> Envelope[Event]:
-        """A client's event: daemon-derived types are refused, everything else published."""
-        refusal = self.client_refusal(outgoing)
-        if refusal is not None:
-            self.counters.rejected_events += 1
-            raise PublishRejected(refusal)
-        return self.publish(
-            outgoing.event,
-            session_id=outgoing.session_id,
-            run_id=outgoing.run_id,
-            agent_id=outgoing.agent_id,
-            source=source,
-        )
-
     def settle(self) -> None:
         """A publisher's burst is over: deliver what needs no waiting, then account its deltas.
 
@@ -516,6 +434,20 @@ class Daemon:
         """
         self.fanout.flush_nowait()
         self._accounting.settle()
+
+    def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
+        """:meth:`_on_event` for a run, in one call."""
+        history, journal, sessions, fanout = self.history, self.journal, self.sessions, self.fanout
+        for envelope in envelopes:
+            raw = encode_envelope(envelope)
+            history.append(envelope, raw)
+            if journal is not None:
+                journal.append(envelope, raw)
+            sessions.observe(envelope)
+            event = envelope.event
+            if isinstance(event, PermissionRequested):
+                self.broker.saw_request(event.request_id)
+            fanout.append(envelope, raw)
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
         raw = encode_envelope(envelope)

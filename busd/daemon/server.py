@@ -41,7 +41,7 @@ logger = logging.getLogger("busd.server")
 class Server:
     """Serves a :class:`Daemon` on a listening ``AF_UNIX`` socket.
 
-    The daemon's own services (journal, accounting, flusher, plugins) run in
+    The daemon's own services (journal, accounting, fan-out, plugins) run in
     one nursery and the connections in another inside it, as hypercorn
     splits its lifespan and server nurseries: each connection is served
     under its own guard, so no client's failure ever reaches the services.
