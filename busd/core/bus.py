@@ -243,14 +243,8 @@ class Bus:
         self._dispatching = True
         try:
             self._deliver(envelope, route)
-            queue = self._queue
-            while queue:
-                queued = queue.popleft()
-                qcls = type(queued.event)
-                qroute = self._routes.get(qcls)
-                if qroute is None:
-                    qroute = self._route(qcls, self.catalog.check(queued.event))
-                self._deliver(queued, qroute)
+            if self._queue:
+                self._drain()
         finally:
             self._dispatching = False
         return envelope
@@ -305,17 +299,22 @@ class Bus:
                         handler(envelope)
                     except Exception as exc:
                         self._handler_failed(envelope, handler, exc)
-            queue = self._queue
-            while queue:
-                queued = queue.popleft()
-                qcls = type(queued.event)
-                qroute = self._routes.get(qcls)
-                if qroute is None:
-                    qroute = self._route(qcls, self.catalog.check(queued.event))
-                self._deliver(queued, qroute)
+            if self._queue:
+                self._drain()
         finally:
             self._dispatching = False
         return envelopes
+
+    def _drain(self) -> None:
+        """Dispatch what handlers published meanwhile, in ``seq`` order."""
+        queue = self._queue
+        while queue:
+            queued = queue.popleft()
+            qcls = type(queued.event)
+            qroute = self._routes.get(qcls)
+            if qroute is None:
+                qroute = self._route(qcls, self.catalog.check(queued.event))
+            self._deliver(queued, qroute)
 
     def _deliver(self, envelope: Envelope[Event], route: tuple[_Entry, ...]) -> None:
         for entry in route:
