@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from itertools import pairwise
 from pathlib import Path
@@ -144,12 +144,15 @@ class Recorder:
     def __init__(self) -> None:
         self.batches: list[tuple[float, list[Envelope[Event]]]] = []
         self.direct = 0
+        self.writing: Callable[[], object] = lambda: None
+        """Called in each direct send: the time a write takes."""
 
     async def send(self, batch: list[Envelope[Event]]) -> None:
         self.batches.append((trio.current_time(), batch))
         await trio.lowlevel.checkpoint()
 
     def send_shared(self, batch: SharedBatch) -> bool:
+        self.writing()
         self.direct += 1
         self.batches.append((trio.current_time(), batch.envelopes))
         return True
@@ -239,6 +242,32 @@ async def test_the_first_event_goes_at_once_and_the_rest_wait_for_the_window(
         await trio.sleep(1)  # the fan-out's task takes it when the window ends
         assert [(t, len(b)) for t, b in r.batches] == [(0.0, 1), (1.0, 2)]
         assert daemon.fanout.statistics().held == 0
+
+
+async def test_the_members_of_a_cohort_keep_one_phase_when_a_pass_takes_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each member reading the clock anew put the later ones out of the shared batches."""
+    async with daemon_running() as (daemon, nursery):
+        members = []
+        for i in range(16):
+            _, r = await member(
+                daemon, nursery, window=0.016, patterns=DELTAS, merge=False, sub_id=i
+            )
+            members.append(r)
+
+        def slow_first_write() -> None:
+            if not members[0].direct:
+                autojump_clock.jump(0.001)  # the first pass's first write took a while
+
+        members[0].writing = slow_first_write
+        for i in range(100):
+            daemon.publish(TextDelta(message_id="m", text=f"{i}"), session_id="s1")
+            daemon.settle()
+            await trio.sleep(0.005)
+        await trio.sleep(1)
+        assert [len(r.events) for r in members] == [100] * 16
+        assert [r.direct for r in members] == [len(r.batches) for r in members]
 
 
 async def test_a_member_that_joins_mid_window_gets_only_what_follows(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .catalog import Catalog
@@ -249,7 +249,7 @@ class Bus:
             self._dispatching = False
         return envelope
 
-    def publish_run(self, items: list[Routed], *, source: str = "") -> list[Envelope[Event]]:
+    def publish_run(self, items: Sequence[Routed], *, source: str = "") -> list[Envelope[Event]]:
         """Sequence and dispatch events of one type as a run (see the module's docstring).
 
         Every event gets the next ``seq``, a new id, and the same ``ts``. From

@@ -242,21 +242,24 @@ class BatchDispatcher:
         if self._buffer(envelope):
             self._woken()
 
-    def offer(self, batch: SharedBatch) -> None:
+    def offer(self, batch: SharedBatch, now: float | None = None) -> None:
         """Deliver a cohort's batch: at once when this subscriber is idle, else buffered.
 
         ``batch`` is already coalesced; it stands for the events from
         ``batch.first_seq`` on (the resume point if it is not delivered).
         Never blocks; raises as :meth:`add` does. An exception from
         ``send_shared`` propagates to the caller, and the batch counts as
-        not delivered.
+        not delivered. ``now`` is the time of the caller's pass: members of
+        one cohort then keep one phase (each reading the clock anew would put
+        the later ones a little behind, and out of the shared batches).
         """
         if self._state is not _OPEN:
             self._add_when_not_open(len(batch.envelopes))
             return
         send_shared = self._send_shared
         if self._idle and self._ready is None and not self._acc and send_shared is not None:
-            now = trio.current_time()
+            if now is None:
+                now = trio.current_time()
             if now >= self._last_flush + self._window:
                 self._added += len(batch.envelopes)
                 ticket = self._added

@@ -209,13 +209,13 @@ class Fanout:
         if not force:
             cohort.last_flush = now
         self._batches += 1
-        self._offer(cohort, batch)
+        self._offer(cohort, batch, now)
 
-    def _offer(self, cohort: Cohort[Member], batch: SharedBatch) -> None:
+    def _offer(self, cohort: Cohort[Member], batch: SharedBatch, now: float) -> None:
         dead = []
         for member in cohort.members:
             try:
-                member.dispatcher.offer(batch)
+                member.dispatcher.offer(batch, now)  # one clock for all: one phase
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 dead.append(member)  # its connection is going away
             except Exception as exc:  # that member's connection fails, not this pass

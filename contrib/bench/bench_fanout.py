@@ -1,15 +1,17 @@
 """Fanout: busd against Redis pub/sub, NATS and a bare Python forwarder, in one command.
 
-    python contrib/bench/bench_fanout.py [--events 200000] [--subscribers 1 4] [--quick]
+    python contrib/bench/bench_fanout.py [--events 200000] [--subscribers 1 4 16] [--quick]
 
 One publisher process sends ``stream.text.delta`` events (a ``TextDelta``
-with a 100-character text, about 150 bytes of msgpack) to 1 and to 4
-subscriber processes through each system, all on this machine. Every server
-is started here and stopped at the end, error or Ctrl-C alike:
+with a 100-character text, about 150 bytes of msgpack) to 1, 4 and 16
+subscriber processes (``--subscribers 1 4 16 64`` adds 64) through each
+system, all on this machine. Every server is started here and stopped at the
+end, error or Ctrl-C alike:
 
-- busd: ``python -m busd serve`` on a Unix socket; the publisher and the
-  subscribers use ``busd.client`` (subscribers with ``deltas="raw"``, so
-  every event is delivered, at window 16 ms and at window 0);
+- busd: ``python -m busd serve`` on a Unix socket, without a journal unless
+  ``--journal``; the publisher and the subscribers use ``busd.client``
+  (subscribers with ``deltas="raw"``, so every event is delivered, at
+  window 16 ms and at window 0);
 - Redis pub/sub: ``redis-server`` on a Unix socket, redis-py with hiredis,
   the publisher pipelining 1,000 publishes per round trip;
 - NATS: ``nats-server`` on 127.0.0.1, nats-py (its own write buffer, a flush
@@ -24,9 +26,14 @@ Figures, see ``contrib/bench/README.md``:
   publisher's first send to the last receive of the last subscriber (all
   processes read the system-wide ``CLOCK_MONOTONIC``); a run counts only if
   every subscriber got every event in order (busd: ``seq`` order too);
-- latency: p50/p99/max publish-to-receive at a steady 5,000 events/s;
+- CPU per event of every process, and the server's alone per subscriber
+  count (the daemon's cost against the number of subscribers);
+- latency: p50/p99/max publish-to-receive at a steady 5,000 events/s, 4
+  subscribers;
 - idle frontends: the daemon's RSS growth when 100 clients attach, each
   subscribed to everything.
+
+The report ends with issue 20's targets and a verdict for each.
 """
 
 from __future__ import annotations
@@ -35,9 +42,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import math
 import os
-import platform
 import select
 import shlex
 import shutil
@@ -48,12 +53,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from fanout_peers import make_event
+from fanout_report import LABELS, Outcome, Variant, best, report
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "fanout_peers.py"
@@ -64,12 +70,6 @@ PYTHON = sys.executable
 # measure delivery, so every server gets room for the whole run (Redis's
 # pub/sub output buffer limit is lifted the same way).
 OUTBOUND_CAP = 64 << 20
-LABELS = {
-    "busd": "busd",
-    "redis": "Redis pub/sub",
-    "nats": "NATS",
-    "forwarder": "bare Python forwarder",
-}
 
 
 class BenchError(RuntimeError):
@@ -225,6 +225,7 @@ def start_server(
     profile: Path | None = None,
     name: str | None = None,
     busd_command: Sequence[str] = (PYTHON, "-m", "busd"),
+    journal: bool = False,
 ) -> Server:
     name = name or system
     if system == "busd":
@@ -232,7 +233,9 @@ def start_server(
         argv = list(busd_command)
         if profile is not None:
             argv[1:1] = ["-m", "cProfile", "-o", str(profile)]
-        argv += ["serve", "--socket", str(path), "--log-level", "warning", "--no-journal"]
+        argv += ["serve", "--socket", str(path), "--log-level", "warning"]
+        # busd serve's default is a journal; --no-journal compares like with like
+        argv += ["--journal", str(tmp / f"{name}.sqlite3")] if journal else ["--no-journal"]
         if outbound_cap is not None:
             argv += ["--outbound-cap", str(outbound_cap)]
         worker = procs.start(name, argv, server=True)
@@ -299,23 +302,6 @@ def rss_bytes(pid: int) -> int:
 # -- one measurement ---------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    """One run: the rate to the slowest subscriber, or why it does not count."""
-
-    events: int
-    subscribers: int
-    rate: float | None = None
-    problem: str = ""
-    latencies_ns: list[int] = field(default_factory=list)
-    cpu_server: float = 0.0  # CPU seconds during the run
-    cpu_publisher: float = 0.0
-    cpu_subscribers: list[float] = field(default_factory=list)
-
-    def cell(self) -> str:
-        return f"{self.rate:,.0f}" if self.rate is not None else f"FAILED: {self.problem}"
-
-
 def measure(
     procs: Processes,
     server: Server,
@@ -328,7 +314,9 @@ def measure(
     """One publisher, ``subscribers`` subscribers, ``events`` events through ``server``."""
     system, address = server.system, server.address
     latency = rate is not None
-    timeout = 60 + events / (rate if rate is not None else 2_000)
+    # Many subscriber processes share 2 cores: their start-up and their reading take longer.
+    crowd = max(1.0, subscribers / 16)
+    timeout = 60 + events / (rate if rate is not None else 2_000) * crowd
     sub_argv = [PYTHON, str(PEERS), "sub", system, address, "--events", str(events)]
     sub_argv += ["--window-ms", str(window_ms)] + (["--latency"] if latency else [])
     pub_argv = [PYTHON, str(PEERS), "pub", system, address, "--events", str(events)]
@@ -341,7 +329,7 @@ def measure(
         publisher = procs.start(f"{system}-pub", pub_argv)
         started.append(publisher)
         for worker in (*subs, publisher):
-            worker.message(30)  # ready: connected, and subscribed
+            worker.message(30 + subscribers)  # ready: connected, and subscribed
         server_cpu = cpu_seconds(server.worker.proc.pid)
         publisher.go()
         sent = publisher.message(timeout)
@@ -368,49 +356,6 @@ def measure(
     return outcome
 
 
-def percentile(values: Sequence[int], q: float) -> float:
-    """Nearest-rank percentile of sorted ``values``."""
-    return float(values[max(0, math.ceil(q * len(values)) - 1)])
-
-
-# -- the report --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A row: a system, and for busd its subscription window."""
-
-    system: str
-    window_ms: int = 16
-
-    @property
-    def label(self) -> str:
-        if self.system == "busd":
-            return f"busd (window {self.window_ms} ms)"
-        return LABELS[self.system]
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)) + " |",
-        "| " + " | ".join("-" * (w - 1) + (":" if i else "-") for i, w in enumerate(widths)) + " |",
-    ]
-    for row in rows:
-        cells = [
-            c.rjust(w) if i else c.ljust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def best(outcomes: list[Outcome]) -> Outcome:
-    """The fastest complete run of a repeated measurement (else the last failure)."""
-    done = [o for o in outcomes if o.rate is not None]
-    return max(done, key=lambda o: o.rate or 0.0) if done else outcomes[-1]
-
-
 @contextlib.contextmanager
 def terminate_on_sigterm() -> Iterator[None]:
     """A SIGTERM unwinds like Ctrl-C, so every ``finally`` stops what it started."""
@@ -428,7 +373,9 @@ def terminate_on_sigterm() -> Iterator[None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=None, help="default 200,000 (quick: 20,000)")
-    parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument(
+        "--subscribers", type=int, nargs="+", default=[1, 4, 16], help="subscriber counts"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer events")
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds of throughput runs; the best counts"
@@ -440,13 +387,18 @@ def main() -> None:
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 0], help="busd windows")
     parser.add_argument("--latency-rate", type=float, default=5_000.0)
     parser.add_argument("--latency-events", type=int, default=None, help="default 2 s worth")
-    parser.add_argument("--latency-subscribers", type=int, default=None, help="default: the most")
+    parser.add_argument("--latency-subscribers", type=int, default=4)
     parser.add_argument("--idle-clients", type=int, default=100, help="0 to skip")
     parser.add_argument(
         "--outbound-cap",
         type=int,
         default=OUTBOUND_CAP,
         help="busd serve --outbound-cap for the throughput runs (busd's default: 8 MiB)",
+    )
+    parser.add_argument(
+        "--journal",
+        action="store_true",
+        help="run busd with a journal, as busd serve does by default (in the temporary directory)",
     )
     parser.add_argument(
         "--profile-daemon", type=Path, default=None, help="run busd under cProfile, to this file"
@@ -460,8 +412,10 @@ def main() -> None:
 
     events = args.events or (20_000 if args.quick else 200_000)
     latency_events = args.latency_events or int(args.latency_rate * (0.5 if args.quick else 2.0))
-    latency_subs = args.latency_subscribers or max(args.subscribers)
+    latency_subs = args.latency_subscribers
     counts = sorted(set(args.subscribers))
+    if counts[0] < 1 or latency_subs < 1 or events < 1 or args.repeat < 1:
+        parser.error("event, subscriber and round counts must be at least 1")
     busd_command = shlex.split(args.busd_command)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for system in systems:
@@ -506,6 +460,7 @@ def main() -> None:
                     outbound_cap=args.outbound_cap,
                     profile=args.profile_daemon if system == "busd" else None,
                     busd_command=busd_command,
+                    journal=args.journal,
                 )
                 for system in active
             }
@@ -543,7 +498,12 @@ def main() -> None:
                 procs.stop(server.worker, signal.SIGINT if system == "busd" else signal.SIGTERM)
             if args.idle_clients and "busd" in systems:
                 daemon = start_server(
-                    procs, "busd", tmp, name="busd-idle", busd_command=busd_command
+                    procs,
+                    "busd",
+                    tmp,
+                    name="busd-idle",
+                    busd_command=busd_command,
+                    journal=args.journal,
                 )
                 time.sleep(0.5)
                 before = rss_bytes(daemon.worker.proc.pid)
@@ -580,176 +540,12 @@ def main() -> None:
         idle=idle,
         idle_clients=args.idle_clients,
         outbound_cap=args.outbound_cap,
+        journal=args.journal,
         repeat=args.repeat,
         warmup=args.warmup,
         seconds=time.monotonic() - began,
         load=(load_before, os.getloadavg()[0]),
     )
-
-
-def report(
-    *,
-    events: int,
-    event_bytes: int,
-    counts: list[int],
-    variants: list[Variant],
-    latency_variants: list[Variant],
-    throughput: dict[tuple[Variant, int], Outcome],
-    latency: dict[Variant, Outcome],
-    latency_events: int,
-    latency_rate: float,
-    latency_subs: int,
-    idle: tuple[int, int] | None,
-    idle_clients: int,
-    outbound_cap: int,
-    repeat: int,
-    warmup: int,
-    seconds: float,
-    load: tuple[float, float],
-) -> None:
-    def subs(n: int) -> str:
-        return f"{n} subscriber" + ("s" if n != 1 else "")
-
-    print(
-        f"\nfanout: {events:,} stream.text.delta events ({event_bytes} bytes of msgpack each), "
-        f"1 publisher; {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"busd serve --outbound-cap {outbound_cap}, warmed up with {warmup:,} events; "
-        f"best of {repeat} round{'s' if repeat != 1 else ''}; {seconds:.0f} s in all; "
-        f"load average {load[0]:.2f} before, {load[1]:.2f} after (other work on the machine "
-        "skews every figure)\n"
-    )
-    print("Throughput: events/s delivered to the slowest subscriber\n")
-    rows = [[v.label, *(throughput[v, n].cell() for n in counts)] for v in variants]
-    print(table(["system", *(subs(n) for n in counts)], rows))
-
-    print(
-        "\nCPU time per event, in microseconds (the server, the publisher, one subscriber "
-        "on average, and all processes together; 2 cores give 2e6 us per second)\n"
-    )
-    cpu_rows = []
-    for v in variants:
-        for n in counts:
-            o = throughput[v, n]
-            per = 1e6 / o.events
-            sub = sum(o.cpu_subscribers) / len(o.cpu_subscribers) if o.cpu_subscribers else 0.0
-            total = o.cpu_server + o.cpu_publisher + sum(o.cpu_subscribers)
-            cpu_rows.append(
-                [
-                    f"{v.label}, {subs(n)}",
-                    f"{o.cpu_server * per:.1f}",
-                    f"{o.cpu_publisher * per:.1f}",
-                    f"{sub * per:.1f}",
-                    f"{total * per:.1f}",
-                ]
-            )
-    print(table(["run", "server", "publisher", "subscriber", "all"], cpu_rows))
-
-    busd_rows = [v for v in variants if v.system == "busd"]
-    peers = [v for v in variants if v.system != "busd"]
-    ratio_rows = []
-    for b in busd_rows:
-        for p in peers:
-            cells = []
-            for n in counts:
-                mine, theirs = throughput[b, n].rate, throughput[p, n].rate
-                cells.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
-            ratio_rows.append([f"{b.label} / {p.label}", *cells])
-    if ratio_rows:
-        print("\nRatios (busd's events/s over the peer's, same command)\n")
-        print(table(["ratio", *(subs(n) for n in counts)], ratio_rows))
-
-    if latency:
-        print(
-            f"\nLatency, publish to receive: {latency_events:,} events at a steady "
-            f"{latency_rate:,.0f} events/s, {subs(latency_subs)} (all subscribers' events)\n"
-        )
-        lat_rows = []
-        for v in latency_variants:
-            outcome = latency[v]
-            values = sorted(outcome.latencies_ns)
-            if outcome.problem or not values:
-                lat_rows.append([v.label, "-", "-", "-", "-", outcome.problem or "no data"])
-                continue
-            p50, p99 = percentile(values, 0.50), percentile(values, 0.99)
-            lat_rows.append(
-                [
-                    v.label,
-                    f"{p50 / 1e6:.2f}",
-                    f"{p99 / 1e6:.2f}",
-                    f"{values[-1] / 1e6:.2f}",
-                    f"{outcome.cpu_server / outcome.events * 1e6:.1f}",
-                    "ok",
-                ]
-            )
-        header = ["system", "p50 ms", "p99 ms", "max ms", "server CPU us/event", "delivery"]
-        print(table(header, lat_rows))
-
-    if idle is not None:
-        before, after = idle
-        print(f"\nIdle frontends: {idle_clients} clients attached, each subscribed to '>'\n")
-        print(
-            table(
-                ["daemon RSS before", "after", "growth", "per client"],
-                [
-                    [
-                        f"{before / 2**20:.1f} MiB",
-                        f"{after / 2**20:.1f} MiB",
-                        f"{(after - before) / 2**20:.1f} MiB",
-                        f"{(after - before) / idle_clients / 1024:.0f} KiB",
-                    ]
-                ],
-            )
-        )
-
-    print("\nTargets\n")
-    top = max(counts)
-    for line in targets(variants, throughput, latency, latency_subs, top, idle):
-        print(f"- {line}")
-
-
-def targets(
-    variants: list[Variant],
-    throughput: dict[tuple[Variant, int], Outcome],
-    latency: dict[Variant, Outcome],
-    latency_subs: int,
-    top: int,
-    idle: tuple[int, int] | None,
-) -> list[str]:
-    """The issue's targets, each with its verdict."""
-    lines = []
-
-    def rate(v: Variant) -> float | None:
-        outcome = throughput.get((v, top))
-        return outcome.rate if outcome is not None else None
-
-    busd = [v for v in variants if v.system == "busd" and rate(v)]
-    if busd:
-        fastest = max(busd, key=lambda v: rate(v) or 0.0)
-        for peer, factor in (("nats", 2.0), ("redis", 10.0)):
-            theirs = rate(Variant(peer))
-            if theirs:
-                mine = rate(fastest) or 0.0
-                verdict = "met" if mine >= factor * theirs else "MISSED"
-                lines.append(
-                    f"{top} subscribers, busd >= {factor:.0f}x {LABELS[peer]}: "
-                    f"{mine / theirs:.2f}x with {fastest.label}: {verdict}"
-                )
-    p99 = {}
-    for key in (Variant("busd", 0), Variant("nats")):
-        outcome = latency.get(key)
-        if outcome is not None and outcome.latencies_ns and not outcome.problem:
-            p99[key.system] = percentile(sorted(outcome.latencies_ns), 0.99)
-    if len(p99) == 2:
-        verdict = "met" if p99["busd"] <= p99["nats"] else "MISSED"
-        lines.append(
-            f"p99 at the steady rate ({latency_subs} subscribers), busd window 0 <= NATS: "
-            f"{p99['busd'] / 1e6:.2f} ms vs {p99['nats'] / 1e6:.2f} ms: {verdict}"
-        )
-    if idle is not None:
-        growth = idle[1] - idle[0]
-        verdict = "met" if growth < 20e6 else "MISSED"
-        lines.append(f"idle frontends < 20 MB: {growth / 1e6:.1f} MB: {verdict}")
-    return lines
 
 
 if __name__ == "__main__":

@@ -28,16 +28,13 @@ from pathlib import Path
 from bench_fanout import (
     OUTBOUND_CAP,
     PYTHON,
-    Outcome,
     Processes,
     Server,
     _wait_connectable,
-    best,
     measure,
-    percentile,
-    table,
     terminate_on_sigterm,
 )
+from fanout_report import Outcome, best, percentile, table
 
 
 def start_busd(procs: Processes, tmp: Path, name: str, journal: Path | None) -> Server:

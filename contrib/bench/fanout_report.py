@@ -1,0 +1,306 @@
+"""The fanout benchmark's report: its tables and issue 20's targets, from the measured runs.
+
+``bench_fanout.py`` measures; this module only formats what it measured
+(Markdown tables on stdout) and judges each target of issue 20 against
+it, saying when a target was not measured and which option measures it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+LABELS = {
+    "busd": "busd",
+    "redis": "Redis pub/sub",
+    "nats": "NATS",
+    "forwarder": "bare Python forwarder",
+}
+
+
+@dataclass
+class Outcome:
+    """One run: the rate to the slowest subscriber, or why it does not count."""
+
+    events: int
+    subscribers: int
+    rate: float | None = None
+    problem: str = ""
+    latencies_ns: list[int] = field(default_factory=list)
+    cpu_server: float = 0.0  # CPU seconds during the run
+    cpu_publisher: float = 0.0
+    cpu_subscribers: list[float] = field(default_factory=list)
+
+    def cell(self) -> str:
+        return f"{self.rate:,.0f}" if self.rate is not None else f"FAILED: {self.problem}"
+
+
+def percentile(values: Sequence[int], q: float) -> float:
+    """Nearest-rank percentile of sorted ``values``."""
+    return float(values[max(0, math.ceil(q * len(values)) - 1)])
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A row: a system, and for busd its subscription window."""
+
+    system: str
+    window_ms: int = 16
+
+    @property
+    def label(self) -> str:
+        if self.system == "busd":
+            return f"busd (window {self.window_ms} ms)"
+        return LABELS[self.system]
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)) + " |",
+        "| " + " | ".join("-" * (w - 1) + (":" if i else "-") for i, w in enumerate(widths)) + " |",
+    ]
+    for row in rows:
+        cells = [
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def best(outcomes: list[Outcome]) -> Outcome:
+    """The fastest complete run of a repeated measurement (else the last failure)."""
+    done = [o for o in outcomes if o.rate is not None]
+    return max(done, key=lambda o: o.rate or 0.0) if done else outcomes[-1]
+
+
+def report(
+    *,
+    events: int,
+    event_bytes: int,
+    counts: list[int],
+    variants: list[Variant],
+    latency_variants: list[Variant],
+    throughput: dict[tuple[Variant, int], Outcome],
+    latency: dict[Variant, Outcome],
+    latency_events: int,
+    latency_rate: float,
+    latency_subs: int,
+    idle: tuple[int, int] | None,
+    idle_clients: int,
+    outbound_cap: int,
+    journal: bool,
+    repeat: int,
+    warmup: int,
+    seconds: float,
+    load: tuple[float, float],
+) -> None:
+    def subs(n: int) -> str:
+        return f"{n} subscriber" + ("s" if n != 1 else "")
+
+    print(
+        f"\nfanout: {events:,} stream.text.delta events ({event_bytes} bytes of msgpack each), "
+        f"1 publisher; {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"busd serve --outbound-cap {outbound_cap} {'with' if journal else 'without'} a journal, "
+        f"warmed up with {warmup:,} events; "
+        f"best of {repeat} round{'s' if repeat != 1 else ''}; {seconds:.0f} s in all; "
+        f"load average {load[0]:.2f} before, {load[1]:.2f} after (other work on the machine "
+        "skews every figure)\n"
+    )
+    print("Throughput: events/s delivered to the slowest subscriber\n")
+    rows = [[v.label, *(throughput[v, n].cell() for n in counts)] for v in variants]
+    print(table(["system", *(subs(n) for n in counts)], rows))
+
+    print(
+        "\nCPU time per event, in microseconds (the server, the publisher, one subscriber "
+        "on average, and all processes together; 2 cores give 2e6 us per second)\n"
+    )
+    cpu_rows = []
+    for v in variants:
+        for n in counts:
+            o = throughput[v, n]
+            per = 1e6 / o.events
+            sub = sum(o.cpu_subscribers) / len(o.cpu_subscribers) if o.cpu_subscribers else 0.0
+            total = o.cpu_server + o.cpu_publisher + sum(o.cpu_subscribers)
+            cpu_rows.append(
+                [
+                    f"{v.label}, {subs(n)}",
+                    f"{o.cpu_server * per:.1f}",
+                    f"{o.cpu_publisher * per:.1f}",
+                    f"{sub * per:.1f}",
+                    f"{total * per:.1f}",
+                ]
+            )
+    print(table(["run", "server", "publisher", "subscriber", "all"], cpu_rows))
+
+    print(
+        "\nServer CPU per event, in microseconds, against the number of subscribers "
+        "(the server column above)\n"
+    )
+    print(table(*server_cpu_table(variants, counts, throughput)))
+
+    busd_rows = [v for v in variants if v.system == "busd"]
+    peers = [v for v in variants if v.system != "busd"]
+    ratio_rows = []
+    for b in busd_rows:
+        for p in peers:
+            cells = []
+            for n in counts:
+                mine, theirs = throughput[b, n].rate, throughput[p, n].rate
+                cells.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
+            ratio_rows.append([f"{b.label} / {p.label}", *cells])
+    if ratio_rows:
+        print("\nRatios (busd's events/s over the peer's, same command)\n")
+        print(table(["ratio", *(subs(n) for n in counts)], ratio_rows))
+
+    if latency:
+        print(
+            f"\nLatency, publish to receive: {latency_events:,} events at a steady "
+            f"{latency_rate:,.0f} events/s, {subs(latency_subs)} (all subscribers' events)\n"
+        )
+        lat_rows = []
+        for v in latency_variants:
+            outcome = latency[v]
+            values = sorted(outcome.latencies_ns)
+            if outcome.problem or not values:
+                lat_rows.append([v.label, "-", "-", "-", "-", outcome.problem or "no data"])
+                continue
+            p50, p99 = percentile(values, 0.50), percentile(values, 0.99)
+            lat_rows.append(
+                [
+                    v.label,
+                    f"{p50 / 1e6:.2f}",
+                    f"{p99 / 1e6:.2f}",
+                    f"{values[-1] / 1e6:.2f}",
+                    f"{outcome.cpu_server / outcome.events * 1e6:.1f}",
+                    "ok",
+                ]
+            )
+        header = ["system", "p50 ms", "p99 ms", "max ms", "server CPU us/event", "delivery"]
+        print(table(header, lat_rows))
+
+    if idle is not None:
+        before, after = idle
+        print(f"\nIdle frontends: {idle_clients} clients attached, each subscribed to '>'\n")
+        print(
+            table(
+                ["daemon RSS before", "after", "growth", "per client"],
+                [
+                    [
+                        f"{before / 2**20:.1f} MiB",
+                        f"{after / 2**20:.1f} MiB",
+                        f"{(after - before) / 2**20:.1f} MiB",
+                        f"{(after - before) / idle_clients / 1024:.0f} KiB",
+                    ]
+                ],
+            )
+        )
+
+    print("\nTargets (issue 20)\n")
+    for line in targets(variants, throughput, latency, latency_subs, idle, idle_clients):
+        print(f"- {line}")
+
+
+def server_cpu(outcome: Outcome | None) -> float | None:
+    """The server's CPU µs per event in a complete run, else ``None``."""
+    if outcome is None or outcome.rate is None:
+        return None
+    return outcome.cpu_server / outcome.events * 1e6
+
+
+def server_cpu_table(
+    variants: list[Variant], counts: list[int], throughput: dict[tuple[Variant, int], Outcome]
+) -> tuple[list[str], list[list[str]]]:
+    """Per system, the server's CPU per event at each count, and each count's ratio to 1."""
+    ratios = [n for n in counts if n != 1] if 1 in counts else []
+    header = ["system", *(f"{n} sub" for n in counts), *(f"{n} / 1" for n in ratios)]
+    rows = []
+    for v in variants:
+        cpu = {n: server_cpu(throughput.get((v, n))) for n in counts}
+        cells = [f"{cpu[n]:.1f}" if cpu[n] is not None else "-" for n in counts]
+        for n in ratios:
+            mine, one = cpu[n], cpu[1]
+            cells.append(f"{mine / one:.2f}x" if mine is not None and one else "-")
+        rows.append([v.label, *cells])
+    return header, rows
+
+
+CPU_GROWTH = 1.3  # the daemon's CPU per event at 16 subscribers, at most this times that at 1
+IDLE_LIMIT = 20e6  # bytes of RSS growth for 100 idle frontends
+
+
+def targets(
+    variants: list[Variant],
+    throughput: dict[tuple[Variant, int], Outcome],
+    latency: dict[Variant, Outcome],
+    latency_subs: int,
+    idle: tuple[int, int] | None,
+    idle_clients: int,
+) -> list[str]:
+    """Issue 20's targets, each with its measured figure and verdict (or why it was not run)."""
+    lines = []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    def rate(v: Variant, n: int) -> float | None:
+        outcome = throughput.get((v, n))
+        return outcome.rate if outcome is not None else None
+
+    busd = [v for v in variants if v.system == "busd"]
+    for n, peer, factor in ((4, "redis", 2.0), (4, "nats", 1.5), (16, "nats", 2.0)):
+        goal = f"{n} subscribers, busd >= {factor:g}x {LABELS[peer]}"
+        done = [v for v in busd if rate(v, n)]
+        theirs = rate(Variant(peer), n)
+        if not done or not theirs:
+            lines.append(f"{goal}: not measured (needs --subscribers {n}, busd and {peer})")
+            continue
+        fastest = max(done, key=lambda v: rate(v, n) or 0.0)
+        ratio = (rate(fastest, n) or 0.0) / theirs
+        lines.append(f"{goal}: {ratio:.2f}x with {fastest.label}: {verdict(ratio >= factor)}")
+
+    p99 = {}
+    for key in (Variant("busd", 0), Variant("nats")):
+        outcome = latency.get(key)
+        if outcome is not None and outcome.latencies_ns and not outcome.problem:
+            p99[key.system] = percentile(sorted(outcome.latencies_ns), 0.99)
+    goal = "p99 publish-to-frontend at the steady rate, busd window 0 <= NATS"
+    if len(p99) == 2:
+        note = "" if latency_subs == 4 else " (the target is with 4: --latency-subscribers 4)"
+        lines.append(
+            f"{goal}, {latency_subs} subscribers{note}: {p99['busd'] / 1e6:.2f} ms vs "
+            f"{p99['nats'] / 1e6:.2f} ms: {verdict(p99['busd'] <= p99['nats'])}"
+        )
+    else:
+        lines.append(f"{goal}: not measured (needs --windows 0 and nats, or a run failed)")
+
+    if idle is not None:
+        growth = idle[1] - idle[0]
+        goal = f"{idle_clients} idle frontends < 20 MB: {growth / 1e6:.1f} MB"
+        if idle_clients == 100:
+            lines.append(f"{goal}: {verdict(growth < IDLE_LIMIT)}")
+        else:
+            scaled = growth / idle_clients * 100
+            lines.append(
+                f"{goal}, {scaled / 1e6:.1f} MB scaled to 100 (the target is measured with "
+                "--idle-clients 100)"
+            )
+    else:
+        lines.append("100 idle frontends < 20 MB: not measured (--idle-clients 0, or no busd)")
+
+    for v in busd:
+        goal = f"daemon CPU per event at 16 subscribers <= {CPU_GROWTH:g}x at 1, {v.label}"
+        one, sixteen = server_cpu(throughput.get((v, 1))), server_cpu(throughput.get((v, 16)))
+        if one is None or sixteen is None:
+            lines.append(f"{goal}: not measured (needs --subscribers 1 16)")
+            continue
+        ratio = sixteen / one
+        lines.append(
+            f"{goal}: {sixteen:.1f} vs {one:.1f} us/event, {ratio:.2f}x: "
+            f"{verdict(ratio <= CPU_GROWTH)}"
+        )
+    return lines
