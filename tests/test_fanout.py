@@ -416,6 +416,16 @@ def test_a_frame_head_and_a_shared_array_are_exactly_an_events_frame() -> None:
         assert frame == encoder.encode(Events(sub=sub, events=raws))
 
 
+def test_what_is_left_of_a_shared_array_is_a_view_of_it_not_a_copy() -> None:
+    body = bytes(range(256)) * 4
+    out = Out(b"head", 7, tail=body)
+    rest = out.rest(10)
+    assert isinstance(rest.tail, memoryview)
+    assert rest.tail.obj is body  # every member behind on its socket would copy it otherwise
+    assert (rest.data, bytes(rest.tail), rest.since, rest.partial) == (b"", body[6:], 7, True)
+    assert out.rest(2).data + bytes(out.rest(2).tail) == (b"head" + body)[2:]
+
+
 async def test_frames_with_a_shared_array_arrive_whole_through_a_small_socket_buffer() -> None:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)

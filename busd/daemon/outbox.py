@@ -36,7 +36,7 @@ class Out:
     reply: bool = False
     partial: bool = False
     """The rest of a frame already partly written: it must go out whole."""
-    tail: bytes = b""
+    tail: bytes | memoryview = b""
     """The rest of the frame when it is shared with other connections (an events array)."""
 
     @property
@@ -48,7 +48,9 @@ class Out:
         head = len(self.data)
         if written < head:
             return Out(self.data[written:], self.since, self.reply, True, self.tail)
-        return Out(self.tail[written - head :], self.since, self.reply, True)
+        # A view, not a copy: a big shared array half written to a full socket
+        # would otherwise be copied once per subscriber that is behind.
+        return Out(b"", self.since, self.reply, True, memoryview(self.tail)[written - head :])
 
 
 class Outbox:

@@ -237,6 +237,32 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _stub_estimator() -> None:
+    import busd.core.context
+    import busd.core.stats
+
+    for module in (busd.core.stats, busd.core.context):
+        module.estimate_tokens = lambda text: len(text) // 4  # type: ignore[attr-defined]
+
+
+def _stub_accounting() -> None:
+    from busd.daemon.accounting import AccountingService
+
+    AccountingService._on_event = lambda self, envelope: None  # type: ignore[method-assign]
+    AccountingService._on_events = lambda self, envelopes: None  # type: ignore[method-assign]
+
+
+def _stub_ids() -> None:
+    from busd.core.ids import EventIds
+
+    EventIds.__call__ = lambda self: "-"  # type: ignore[method-assign]
+    EventIds.many = lambda self, n: ["-"] * n  # type: ignore[method-assign]
+
+
+STUBS = {"estimator": _stub_estimator, "accounting": _stub_accounting, "ids": _stub_ids}
+"""What ``--stub`` can take away: the difference it makes is what that part costs."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
@@ -255,7 +281,16 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write an SVG line chart of the figures here")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     parser.add_argument("--profile", help="cProfile the busd runs to this file")
+    parser.add_argument(
+        "--stub",
+        nargs="+",
+        choices=sorted(STUBS),
+        default=[],
+        help="replace a part of the daemon's per-event work with nothing, to see what it costs",
+    )
     args = parser.parse_args()
+    for name in args.stub:
+        STUBS[name]()
     modes: list[str] = args.modes or list(MODES)
     counts = sorted(set(args.subscribers))
     if args.events < 1 or args.repeat < 1 or counts[0] < 1:

@@ -416,6 +416,8 @@ def main() -> None:
     counts = sorted(set(args.subscribers))
     if counts[0] < 1 or latency_subs < 1 or events < 1 or args.repeat < 1:
         parser.error("event, subscriber and round counts must be at least 1")
+    if not args.latency_rate > 0:
+        parser.error("--latency-rate must be a rate above 0 events/s")
     busd_command = shlex.split(args.busd_command)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for system in systems:
