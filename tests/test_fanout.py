@@ -226,6 +226,17 @@ async def test_identical_subscriptions_share_one_cohort_and_its_work() -> None:
         assert daemon.fanout.statistics().cohorts == 4
 
 
+async def test_a_member_dropped_while_offered_does_not_cost_the_others_the_batch() -> None:
+    async with daemon_running() as (daemon, nursery):
+        members = [await member(daemon, nursery, patterns=INFO, sub_id=i) for i in range(3)]
+        first, recorder = members[0]
+        recorder.writing = lambda: daemon.remove_subscription(first)  # a slow consumer's drop
+        sent = daemon.publish(SessionInfo(message="one"), session_id="s1")
+        daemon.settle()
+        assert [r.events for _, r in members] == [[sent]] * 3
+        assert daemon.fanout.statistics().members == 2
+
+
 async def test_the_first_event_goes_at_once_and_the_rest_wait_for_the_window(
     autojump_clock: trio.abc.Clock,
 ) -> None:

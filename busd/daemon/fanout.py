@@ -213,7 +213,9 @@ class Fanout:
 
     def _offer(self, cohort: Cohort[Member], batch: SharedBatch, now: float) -> None:
         dead = []
-        for member in cohort.members:
+        # A copy: a member's connection may drop its subscriptions as it is offered
+        # (a slow consumer), and the members after it must still get the batch.
+        for member in tuple(cohort.members):
             try:
                 member.dispatcher.offer(batch, now)  # one clock for all: one phase
             except (trio.ClosedResourceError, trio.BrokenResourceError):
