@@ -31,6 +31,7 @@ from .core.coalesce import AccumulatorStatistics as AccumulatorStatistics
 from .core.coalesce import Keyer as Keyer
 from .core.coalesce import chain_keyers as chain_keyers
 from .core.coalesce import coalescing_key as coalescing_key
+from .core.cohorts import SharedBatch as SharedBatch
 from .core.context import ContextRegistry as ContextRegistry
 from .core.context import ContextRegistryStatistics as ContextRegistryStatistics
 from .core.context import ContextStatistics as ContextStatistics
@@ -245,6 +246,7 @@ __all__ = [
     "ServerHandshake",
     "Service",
     "Settled",
+    "SharedBatch",
     "Sink",
     "SessionRecord",
     "SessionRegistry",
