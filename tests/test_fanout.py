@@ -58,6 +58,17 @@ def test_the_log_takes_consecutive_seqs_and_forgets_what_every_cursor_read() -> 
     assert log.after(12)[0] == envelopes[2:]
 
 
+def test_the_log_takes_a_run_only_if_it_follows_the_head() -> None:
+    log = Log()
+    run = [env(s) for s in (1, 2, 3)]
+    log.extend(run, [encode_envelope(e) for e in run])
+    assert (log.head_seq, log.after(1)[0]) == (3, run[1:])
+    for bad in ([env(5)], [env(4), env(6)]):
+        with pytest.raises(ValueError, match="do not follow"):
+            log.extend(bad, [encode_envelope(e) for e in bad])
+    assert log.head_seq == 3
+
+
 # -- a cohort's take ----------------------------------------------------------------
 
 

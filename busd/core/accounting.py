@@ -186,6 +186,30 @@ class Accountant:
         self._busy_at(session_id, envelope.run_id, now)
         return out
 
+    def observe_run(self, envelopes: list[Envelope[Event]], now: float) -> list[Derived]:
+        """:meth:`observe` each of a run of one type (a publish frame's deltas), at ``now``.
+
+        Deltas that are not stale are only noted, as :meth:`observe` would,
+        without a call each; anything else goes through :meth:`observe`.
+        """
+        cls = type(envelopes[0].event)
+        if (cls is not TextDelta and cls is not ThinkingDelta) or any(e.stale for e in envelopes):
+            out: list[Derived] = []
+            for envelope in envelopes:
+                out += self.observe(envelope, now)
+            return out
+        deferred = self._deferred
+        deferred.extend([(envelope, now) for envelope in envelopes])
+        if len(deferred) >= _MAX_DEFERRED:
+            self._account_deltas()
+        last: tuple[str | None, str | None] = (None, None)
+        for envelope in envelopes:
+            key = (envelope.session_id, envelope.run_id)
+            if key != last and key[0] is not None:
+                self._busy_at(key[0], key[1], now)
+            last = key
+        return []
+
     def _busy_at(self, session_id: str, run_id: str | None, now: float) -> None:
         self._seen[session_id] = now
         if session_id not in self._busy:

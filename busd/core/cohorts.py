@@ -71,6 +71,16 @@ class Log:
         self._envelopes.append(envelope)
         self._raws.append(raw)
 
+    def extend(self, envelopes: list[Envelope[Event]], raws: list[msgspec.Raw]) -> None:
+        """:meth:`append` each of a run, whose seqs follow one another."""
+        if envelopes and (
+            envelopes[0].seq != self._base + len(self._envelopes)
+            or envelopes[-1].seq != envelopes[0].seq + len(envelopes) - 1
+        ):
+            raise ValueError(f"seqs {envelopes[0].seq}.. do not follow the head {self.head_seq}")
+        self._envelopes += envelopes
+        self._raws += raws
+
     def after(self, seq: int) -> tuple[list[Envelope[Event]], list[msgspec.Raw]]:
         """The envelopes after ``seq`` and their bytes (``seq`` must not be trimmed yet)."""
         start = seq + 1 - self._base

@@ -60,12 +60,7 @@ class AccountingService:
 
     def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
         """:meth:`_on_event` for a run: one clock read, one wake-up check."""
-        now = self._clock()
-        observe = self.accountant.observe
-        for envelope in envelopes:
-            derived = observe(envelope, now)
-            if derived:
-                self._publish(derived)
+        self._publish(self.accountant.observe_run(envelopes, self._clock()))
         self._woken()
 
     def _woken(self) -> None:

@@ -121,6 +121,19 @@ class Fanout:
         elif len(log) == self._limit:
             self._wakeup.set()
 
+    def extend(self, envelopes: list[Envelope[Event]], raws: list[msgspec.Raw]) -> None:
+        """:meth:`append` a run at once."""
+        log = self.log
+        log.extend(envelopes, raws)
+        if not self._cohorts:
+            log.trim(log.head_seq)
+            return
+        if not self._pending:
+            self._pending = True
+            self._wakeup.set()
+        if len(log) >= self._limit > len(log) - len(envelopes):
+            self._wakeup.set()
+
     # -- members -----------------------------------------------------------------
 
     def join(self, member: Member) -> None:

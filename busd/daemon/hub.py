@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import trio
@@ -436,18 +436,18 @@ class Daemon:
         self._accounting.settle()
 
     def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
-        """:meth:`_on_event` for a run, in one call."""
-        history, journal, sessions, fanout = self.history, self.journal, self.sessions, self.fanout
-        for envelope in envelopes:
-            raw = encode_envelope(envelope)
+        """:meth:`_on_event` for a run (of one type: deltas), in one call."""
+        raws = [encode_envelope(envelope) for envelope in envelopes]
+        history, journal, observe = self.history, self.journal, self.sessions.observe
+        for envelope, raw in zip(envelopes, raws, strict=True):
             history.append(envelope, raw)
             if journal is not None:
                 journal.append(envelope, raw)
-            sessions.observe(envelope)
-            event = envelope.event
-            if isinstance(event, PermissionRequested):
-                self.broker.saw_request(event.request_id)
-            fanout.append(envelope, raw)
+            observe(envelope)
+        if isinstance(envelopes[0].event, PermissionRequested):
+            for envelope in envelopes:
+                self.broker.saw_request(cast(PermissionRequested, envelope.event).request_id)
+        self.fanout.extend(envelopes, raws)
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
         raw = encode_envelope(envelope)
