@@ -6,8 +6,10 @@ import pytest
 from click.testing import CliRunner
 
 from busd.cli import main
+from busd.cli.serve import permission_wait
 from busd.core.events import PermissionRequested
 from busd.core.permissions import match_rule
+from busd.daemon.broker import DEFAULT_PERMISSION_TIMEOUT
 from busd.daemon.config import ConfigError, load_config
 
 GOOD = """
@@ -83,6 +85,8 @@ def test_a_rule_may_list_several_categories_and_tools(tmp_path: Path) -> None:
         ("[[permissions.rules]]\naction = 'maybe'\n", "action"),
         ("[[permissions.rules]]\naction = 'deny'\ntoool = 'Bash'\n", "toool"),
         ("[runs\n", "not valid TOML"),
+        ("[permissions]\ntimeout = -5\n", r"\[permissions\]: timeout is a duration"),
+        ("[permissions]\ntimeout = 'soon'\n", r"\[permissions\]: 'soon' is not a duration"),
     ],
 )
 def test_a_bad_policy_file_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
@@ -104,3 +108,35 @@ def test_serve_refuses_a_bad_policy_file_before_listening(tmp_path: Path) -> Non
     missing = CliRunner().invoke(main, ["serve", "--config", str(tmp_path / "nope.toml")])
     assert missing.exit_code == 2
     assert "cannot read" in missing.output
+
+
+@pytest.mark.parametrize(
+    ("text", "flag", "seconds"),
+    [
+        ("", None, DEFAULT_PERMISSION_TIMEOUT),  # nothing said: 5 minutes, not for ever
+        ("[permissions]\ntimeout = 120\n", None, 120.0),
+        ("[permissions]\ntimeout = '2m'\n", None, 120.0),
+        ("[permissions]\ntimeout = 0\n", None, None),  # 0: wait for ever
+        ("[permissions]\ntimeout = '2m'\n", 30.0, 30.0),  # the flag wins
+        ("[permissions]\ntimeout = '2m'\n", 0.0, None),
+        ("", 45.0, 45.0),
+    ],
+)
+def test_how_long_a_permission_waits_for_a_person(
+    tmp_path: Path, text: str, flag: float | None, seconds: float | None
+) -> None:
+    path = tmp_path / "busd.toml"
+    path.write_text(text)
+    assert DEFAULT_PERMISSION_TIMEOUT == 300.0
+    assert permission_wait(load_config(path), flag) == seconds
+
+
+def test_serve_refuses_a_permission_timeout_that_is_not_a_duration(tmp_path: Path) -> None:
+    for value in ("-1", "soon"):
+        result = CliRunner().invoke(
+            main, ["serve", "--socket", str(tmp_path / "bus.sock"), "--permission-timeout", value]
+        )
+        assert result.exit_code == 2, result.output
+        assert "--permission-timeout" in result.output
+        assert "is not a duration" in result.output
+        assert not (tmp_path / "bus.sock").exists()

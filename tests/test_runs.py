@@ -463,7 +463,7 @@ async def test_run_commands_fail_clearly_and_harmlessly(sock_path: Path) -> None
 
 async def test_the_watchdog_waits_while_a_person_decides(autojump_clock: trio.abc.Clock) -> None:
     driver = ScriptDriver()
-    daemon = make_daemon(driver, DaemonConfig(watchdog=60.0))
+    daemon = make_daemon(driver, DaemonConfig(watchdog=60.0, permission_timeout=None))
     watcher = Watcher(daemon)
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.run)

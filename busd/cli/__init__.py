@@ -7,7 +7,7 @@ The ``main`` group is here; its commands are in one module per kind:
 - ``watch``, ``web``, ``demo``: the frontends (:mod:`.frontends`);
 - ``sessions``, ``export``: the journal (:mod:`.history`);
 - ``journal check``, ``journal recover``: a damaged journal (:mod:`.journal`);
-- ``run``: a headless agent run (:mod:`.run`);
+- ``run``, ``cancel``: a headless agent run, and ending one (:mod:`.run`);
 - ``attach``: follow an agent busd did not start (:mod:`.attach`);
 - ``hook``, ``hooks``, ``statusline``: an agent's own hooks report to busd (:mod:`.hooks`);
 - ``catalog``, ``status``, ``plugins``: what busd knows and runs (:mod:`.info`).
@@ -44,6 +44,7 @@ main.add_command(journal.journal_group)
 main.add_command(info.plugins)
 main.add_command(stream.publish)
 main.add_command(run.run_command)
+main.add_command(run.cancel_command)
 main.add_command(serve.serve)
 main.add_command(history.sessions_command)
 main.add_command(info.status)

@@ -1,4 +1,4 @@
-"""``busd run``: one headless agent run, its outcome as the exit code."""
+"""``busd run``: one headless agent run, its outcome as the exit code; ``busd cancel``: stop one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ._common import run_client, socket_option
+from ._common import fail, resolve_socket, run_client, socket_option
 
 
 @click.command("run")
@@ -136,3 +136,28 @@ def run_command(
     run_client(
         partial(run_headless, spec, out=write, err=note, pretty=pretty, start_local=serve_private)
     )
+
+
+@click.command("cancel")
+@socket_option
+@click.argument("run_id")
+@click.option("--reason", default=None, help="Why, for busd.run.cancelled (default: none).")
+def cancel_command(socket_path: Path | None, run_id: str, reason: str | None) -> None:
+    """Cancel the run RUN_ID the daemon drives (a `busd run` following it exits 130).
+
+    The run ends with status `cancelled`; its partial text stays. Exit 1
+    when the daemon has no such run or it already ended.
+    """
+    from ..client import RequestFailed, connect
+
+    path = resolve_socket(socket_path)
+
+    async def cancel() -> int:
+        async with connect(path, client="busd-cancel") as client:
+            try:
+                await client.cancel_run(run_id, reason=reason)
+            except RequestFailed as exc:
+                fail(str(exc))  # unknown_run, run_finished, forbidden
+        return 0
+
+    run_client(cancel)

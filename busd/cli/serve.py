@@ -15,6 +15,7 @@ import trio
 from .._version import __version__
 from ..core.accounting import Accountant
 from ..core.errors import PluginConfigError
+from ..daemon.broker import DEFAULT_PERMISSION_TIMEOUT
 from ..daemon.config import ConfigError, FileConfig, load_config
 from ..daemon.endpoint import AlreadyRunning
 from ..daemon.hub import Daemon, DaemonConfig
@@ -125,6 +126,14 @@ UNJOURNALED = 3
     help="A limit for one tool, over --tool-timeout (e.g. Bash=30m; 0: no limit; repeatable).",
 )
 @click.option(
+    "--permission-timeout",
+    type=Duration(),
+    default=None,
+    help="Deny a driven run's permission request that nobody answered in this long "
+    "(e.g. 90s, 10m; 0: wait for ever) [default: the config file's [permissions] timeout, "
+    "else 5m].",
+)
+@click.option(
     "--nats",
     "nats_url",
     default=None,
@@ -159,6 +168,7 @@ def serve(
     journal_max_size: int | None,
     tool_timeout: float | None,
     tool_limits: tuple[str, ...],
+    permission_timeout: float | None,
     nats_url: str | None,
     nats_stream: str | None,
     nats_subjects: tuple[str, ...],
@@ -184,7 +194,7 @@ def serve(
         watchdog=policy.runs.watchdog,
         permission_rules=tuple(policy.permissions.rules),
         grants=policy.grants(),
-        permission_timeout=policy.permissions.timeout,
+        permission_timeout=permission_wait(policy, permission_timeout),
         max_frame=max_frame,
         outbound_cap=outbound_cap,
         handshake_timeout=handshake_timeout,
@@ -273,6 +283,19 @@ def _tool_limits(
             fail(f"--tool-limit {item!r}: {exc}", 2)
         limits[name.strip()] = seconds or None
     return default, limits
+
+
+def permission_wait(policy: FileConfig, flag: float | None) -> float | None:
+    """How long a request waits for a person: the flag, else the file, else the default.
+
+    0 waits for ever (``None``).
+    """
+    if flag is not None and flag < 0:
+        fail(f"--permission-timeout cannot be negative: {flag:g} (0: wait for ever)", 2)
+    from_file = policy.permissions.timeout_s()  # checked by load_config
+    given = flag if flag is not None else from_file
+    seconds = given if given is not None else DEFAULT_PERMISSION_TIMEOUT
+    return seconds or None
 
 
 def _file_journal(policy: FileConfig) -> Path:

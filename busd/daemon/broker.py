@@ -7,7 +7,11 @@ A driver's request is decided in a fixed, documented order:
    annotations, command pattern → ``allow`` / ``deny`` / ``ask``);
 3. the attached frontends: the first valid ``permission_reply`` wins, later
    ones get ``already_resolved``;
-4. nobody answered within the timeout (default: wait for ever): denied.
+4. nobody answered within the timeout: denied, ``by: "timeout"``, with the
+   reason on the bus. ``busd serve`` waits :data:`DEFAULT_PERMISSION_TIMEOUT`
+   (its flag and config file say otherwise; ``None`` waits for ever): an
+   unattended run is not left waiting for a person who is not there, since
+   the run watchdog pauses while one is asked.
 
 An agent busd does not drive (a Claude Code hook) asks the same broker with
 ``ask_permission`` (:meth:`PermissionBroker.ask`): policy, rules, then
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import trio
 
@@ -40,7 +44,14 @@ from ..core.permissions import (
     match_rule,
 )
 
-__all__ = ["Asked", "PermissionBroker"]
+__all__ = ["DEFAULT_PERMISSION_TIMEOUT", "Asked", "PermissionBroker"]
+
+DEFAULT_PERMISSION_TIMEOUT: Final = 300.0
+"""Seconds a driven run's request waits for a person before it is denied (``busd serve``).
+
+As long as the run watchdog's default: time for someone at a screen to read
+the card and decide, and a bound for a run nobody watches.
+"""
 
 
 class _Pending:

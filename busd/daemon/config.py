@@ -4,7 +4,7 @@
     watchdog = 300            # seconds without an event before a run times out
 
     [permissions]
-    timeout = 120             # deny what nobody answered in time (omit: wait)
+    timeout = "2m"            # deny what nobody answered in time (omit: 5m; 0: wait)
 
     [[permissions.rules]]     # first match wins; every given condition must hold
     action = "allow"          # allow | deny | ask
@@ -67,8 +67,22 @@ class ConfigError(BusdError, ValueError):
 
 
 class _Permissions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    timeout: float | None = None
+    timeout: str | float | None = None
+    """How long a driven run's request waits for a person; 0: for ever; omitted: the default."""
     rules: tuple[PermissionRule, ...] = ()
+
+    def timeout_s(self) -> float | None:
+        """The timeout in seconds (0: wait for ever), ``None`` when the file sets none.
+
+        :class:`ValueError` for a value that is not a duration, or negative.
+        """
+        value = self.timeout
+        if value is None:
+            return None
+        seconds = parse_duration(value) if isinstance(value, str) else float(value)
+        if not 0 <= seconds < math.inf:
+            raise ValueError(f"timeout is a duration, 0 to wait for ever, not {value!r}")
+        return float(seconds)
 
 
 class _Runs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -167,6 +181,7 @@ def load_config(path: Path) -> FileConfig:
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     checks: dict[str, Callable[[], object]] = {  # what convert cannot check: the values
+        "permissions": config.permissions.timeout_s,
         "journal": config.journal.limits,
         "tools": config.tools.seconds,
         "context.windows": config.context.model_windows,

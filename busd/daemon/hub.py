@@ -55,7 +55,7 @@ from ..plugins.adapters import Adapter, Emitted
 from ..plugins.manager import HookFailure, PluginManager, supervise
 from ..wire import DEFAULT_GRANTS, DEFAULT_MAX_FRAME, Limits, Outgoing, Right, Role, encode_envelope
 from .accounting import AccountingService
-from .broker import PermissionBroker
+from .broker import DEFAULT_PERMISSION_TIMEOUT, PermissionBroker
 from .fanout import Fanout, Member
 from .journal import (
     DEFAULT_MAX_AGE,
@@ -104,8 +104,8 @@ class DaemonConfig:
     watchdog: float = 300.0
     """A run that emits nothing for this long ends ``timed_out``."""
     permission_rules: tuple[PermissionRule, ...] = ()
-    permission_timeout: float | None = None
-    """Deny a driven run's permission request nobody answered in time (None: wait)."""
+    permission_timeout: float | None = DEFAULT_PERMISSION_TIMEOUT
+    """Deny a driven run's permission request nobody answered in time (None: wait for ever)."""
     subscription_buffer: int = 10_000
     """Events one subscription may hold while its client's outbox is full."""
     journal: str | None = None
