@@ -1,15 +1,13 @@
 """The ``acp`` driver: run a prompt with any Agent Client Protocol agent, as a subprocess.
 
-Each run starts the agent (``options["command"]``), speaks ACP to it with the
-``agent-client-protocol`` SDK's client side (``acp.spawn_agent_process``):
-``initialize``, then ``session/new`` (or ``session/load`` to continue an
-earlier run's session), then one ``session/prompt``, and stops it when the
-prompt is answered. Examples of ``command``::
-
-    ["opencode", "acp"]
-    ["gemini", "--experimental-acp"]
-    ["goose", "acp"]
-    ["npx", "-y", "@zed-industries/claude-code-acp"]
+Each run starts the agent (``options["command"]``) in a process group of its
+own (:mod:`.spawn`: Ctrl-C in a terminal reaches busd only, and nothing the
+agent started outlives the run), speaks ACP to it (the ``agent-client-protocol``
+SDK's client side: ``initialize``, then ``session/new``, or ``session/load`` to
+continue an earlier run's session, then one ``session/prompt``) and stops it
+when the prompt is answered. Examples of ``command``: ``["opencode", "acp"]``,
+``["gemini", "--experimental-acp"]``, ``["goose", "acp"]``,
+``["claude-agent-acp"]`` (npm ``@agentclientprotocol/claude-agent-acp``).
 
 **The bridge.** The SDK is asyncio-only, so the conversation runs in a worker
 thread of its own (``trio.to_thread.run_sync`` around ``asyncio.run``); the
@@ -34,13 +32,13 @@ flowing while one waits.
 stopped the way ACP prescribes: ``session/cancel``, then every pending
 permission request answered ``cancelled``, then up to ``cancel_timeout``
 seconds for the prompt's answer (``stopReason: "cancelled"``), which is
-still fed. Then, as after any run, the SDK closes the agent's stdin and
-gives it ``shutdown_timeout`` seconds to exit before ``terminate``, then
-``kill`` (an agent that ignored ``session/cancel`` is terminated at once).
-Meanwhile the Trio task keeps feeding, shielded, for a bounded time, and
-re-raises ``Cancelled`` once the thread is done. Before the prompt is
-sent, cancellation just ends the conversation. The agent's stderr is
-drained (a chatty agent never blocks on it); its end goes into errors.
+still fed. Then, as after any run, its stdin is closed and it has
+``shutdown_timeout`` seconds to exit before ``terminate``, then ``kill``
+(one that ignored ``session/cancel`` is terminated at once), and so has what
+is left of its process group. Meanwhile the Trio task keeps feeding,
+shielded, for a bounded time, and re-raises ``Cancelled`` once the thread is
+done. Before the prompt is sent, cancellation just ends the conversation.
+Its stderr is drained (never blocking it); its end goes into errors.
 
 What a :class:`~busd.RunRequest` means here:
 
@@ -101,6 +99,7 @@ from busd import (
     __version__,
 )
 
+from .spawn import spawn_agent
 from .translator import AcpTranslator
 
 if TYPE_CHECKING:
@@ -126,8 +125,7 @@ __all__ = ["AcpAgentError", "AcpDriver", "AcpOptions", "AcpOptionsError", "parse
 logger = logging.getLogger("busd.acp")
 
 _CANCELLED: Final = PermissionDecision(outcome="cancelled", by="busd", reason="the run stopped")
-_STDERR_TAIL: Final = 2048
-"""Bytes of the agent's stderr kept for the error message when it exits early."""
+_STDERR_TAIL: Final = 2048  # bytes of the agent's stderr kept for an early exit's error
 
 
 class AcpOptionsError(BusdError, ValueError):
@@ -172,10 +170,8 @@ class _SdkSession(NamedTuple):
 
 
 class _Ask(NamedTuple):
-    request: PermissionRequested
-    """Built from the request alone; the Trio side prefers the adapter's richer event."""
-    reply: Callable[[PermissionDecision], None]
-    """Thread-safe: settles the agent's request on its loop."""
+    request: PermissionRequested  # from the request alone: Trio prefers the adapter's event
+    reply: Callable[[PermissionDecision], None]  # thread-safe: settles it on the agent's loop
 
 
 _Message = _Feed | _SdkSession | _Ask
@@ -202,7 +198,7 @@ class AcpDriver:
 
         side = _AgentSide(context.request, options, post)
         pump = _Pump(context, side)
-        grace = options.cancel_timeout + 2 * options.shutdown_timeout + 1.0
+        grace = options.cancel_timeout + 3 * options.shutdown_timeout + 1.0  # + its group
         with receive:
             try:
                 async with trio.open_nursery() as nursery:
@@ -375,7 +371,7 @@ class _AgentSide:
             self._conversation.cancel()
 
     async def _run(self) -> str | None:
-        from acp import RequestError, spawn_agent_process
+        from acp import RequestError
 
         with self._lock:
             self._loop = asyncio.get_running_loop()
@@ -388,13 +384,13 @@ class _AgentSide:
                 stack.push_async_callback(self._stderr_done)  # runs after the agent exited
                 try:
                     conn, agent = await stack.enter_async_context(
-                        spawn_agent_process(
+                        spawn_agent(
                             cast("Client", _Client(self)),
                             command,
                             *args,
                             env=self.options.env,
                             cwd=self.cwd,
-                            transport_kwargs={"shutdown_timeout": self.options.shutdown_timeout},
+                            shutdown_timeout=self.options.shutdown_timeout,
                             observers=[self._observe],
                         )
                     )

@@ -28,8 +28,11 @@ Choices the protocol leaves open:
   ends at the next chunk of another kind or id, a new tool call, a user
   message chunk, or the end of the turn. A message id that comes back after
   its part ended gets a ``:n`` suffix, so each part completes exactly once.
-- Tools are named by their ``title`` (what ACP shows people, and what the
-  permission request names); the ``kind`` becomes the permission's
+- Tools are named by the agent's own name for them when it gives one
+  (claude-agent-acp: ``Write``, in ``name`` and ``_meta.claudeCode.toolName``),
+  else by their ``title`` (what ACP shows people: ``Write hello.txt``), so
+  rules and ``--allow`` match the tool, not one call of it; the title stays
+  the permission request's ``title``, and the ``kind`` becomes its
   ``category``. ``stream.tool.start`` waits until the input is known: a
   non-empty ``rawInput``, a permission request for the call, or a status past
   ``pending``. ``duration_s`` is measured from ``in_progress``, so time spent
@@ -173,6 +176,17 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _raw_name(call: Mapping[str, Any]) -> str | None:
+    """The agent's own name for a tool (``Write``), beside ACP's title (``Write hello.txt``).
+
+    ACP has no such field: claude-agent-acp sends ``name`` and
+    ``_meta.claudeCode.toolName``.
+    """
+    meta = _map(call.get("_meta"))
+    vendor = None if meta is None else _map(meta.get("claudeCode"))
+    return _str(call.get("name")) or (None if vendor is None else _str(vendor.get("toolName")))
+
+
 def _count(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -265,16 +279,31 @@ class _Part:
 
 
 class _Tool:
-    __slots__ = ("call_id", "input", "kind", "last_partial", "name", "running_since", "started")
+    __slots__ = (
+        "call_id",
+        "input",
+        "kind",
+        "last_partial",
+        "raw_name",
+        "running_since",
+        "started",
+        "title",
+    )
 
     def __init__(self, call_id: str) -> None:
         self.call_id = call_id
-        self.name: str | None = None
+        self.raw_name: str | None = None
+        self.title: str | None = None
         self.kind: str | None = None
         self.input: dict[str, Any] = {}
         self.started = False
         self.running_since: float | None = None
         self.last_partial: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The agent's own name for the tool, else its title, else its kind."""
+        return self.raw_name or self.title or self.kind or "tool"
 
 
 class _Session:
@@ -664,7 +693,8 @@ class AcpTranslator(Translator):
         if not tool.started:
             title = _str(update.get("title"))
             if title is not None:
-                tool.name = title
+                tool.title = title
+            tool.raw_name = _raw_name(update) or tool.raw_name
             kind = _str(update.get("kind"))
             if kind is not None:
                 tool.kind = kind
@@ -676,10 +706,10 @@ class AcpTranslator(Translator):
             force_start or tool.input or status in ("in_progress", "completed", "failed")
         ):
             tool.started = True
-            name = tool.name or tool.kind or "tool"
             out.append(
                 self.emit(
-                    ToolStart(tool_call_id=call_id, name=name, input=tool.input), session_id=s.id
+                    ToolStart(tool_call_id=call_id, name=tool.name, input=tool.input),
+                    session_id=s.id,
                 )
             )
         if status == "in_progress" and tool.running_since is None:
@@ -716,7 +746,7 @@ class AcpTranslator(Translator):
         duration = None if tool.running_since is None else now - tool.running_since
         event = ToolComplete(
             tool_call_id=tool.call_id,
-            name=tool.name or tool.kind or "tool",
+            name=tool.name,
             status=status,
             output=output if status == "ok" else None,
             error=output if status == "error" else None,
@@ -756,16 +786,20 @@ class AcpTranslator(Translator):
             options.append(
                 PermissionOption(id=oid, label=label if isinstance(label, str) else "", kind=known)
             )
-        if tool is not None:
-            name, tool_input, category = tool.name, tool.input, tool.kind
+        title = _str(call.get("title"))
+        if tool is not None:  # named as its stream.tool.start named it
+            name, raw_name, tool_input, category = tool.name, tool.raw_name, tool.input, tool.kind
+            title = title or tool.title
         else:
-            name, category = _str(call.get("title")), _str(call.get("kind"))
+            raw_name, category = _raw_name(call), _str(call.get("kind"))
+            name = raw_name or title or category or "tool"
             tool_input = _input(_get(call, "rawInput", "raw_input"))
-        event = PermissionRequested(
+        event = PermissionRequested(  # named as rules name tools: the agent's name, its kind
             request_id=f"acp-{rid}",
-            tool=name or category or "tool",
+            tool=name,
             input=tool_input,
             tool_call_id=call_id,
+            title=title if raw_name else None,
             category=category,
             options=options,
         )

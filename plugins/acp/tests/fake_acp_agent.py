@@ -26,12 +26,17 @@ lines as they are keeps the agent's messages byte-for-byte the recorded ones.
   before its prompt).
 - ``--fs PATH``: on ``session/prompt``, first write PATH through the client's
   ``fs/write_text_file``, read its second line back, and read a missing file.
+- ``--orphan``: start a program of its own that outlives it (a minute's
+  sleep, which ignores SIGTERM), as an agent's CLI can; its pid is recorded.
+
+The first record also says the agent's session and process group ids.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,6 +75,7 @@ class Agent:
         self.crash = "--crash" in flags
         self.stuck = "--stuck" in flags
         self.hold_mode = "--hold-mode" in flags
+        self.orphan = "--orphan" in flags
         fs_path = flags[flags.index("--fs") + 1] if "--fs" in flags else None
         self.fs_path = fs_path
         self.next_id = 0
@@ -99,8 +105,20 @@ class Agent:
 
     def serve(self) -> None:
         self.record(
-            {"pid": os.getpid(), "cwd": os.getcwd(), "mark": os.environ.get("BUSD_FAKE_MARK")}
+            {
+                "pid": os.getpid(),
+                "cwd": os.getcwd(),
+                "mark": os.environ.get("BUSD_FAKE_MARK"),
+                "sid": os.getsid(0),
+                "pgid": os.getpgrp(),
+            }
         )
+        if self.orphan:
+            hold = (
+                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+            )
+            child = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.DEVNULL)
+            self.record({"orphan": child.pid})
         while (message := self.receive()) is not None:
             self.dispatch(message)
 

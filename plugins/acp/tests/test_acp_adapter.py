@@ -45,6 +45,8 @@ from busd import (
     Usage,
     event_type,
 )
+from busd.core.permissions import PermissionRule
+from busd.frontends.headless import ToolRules
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "sdk" / "acp.jsonl"
 SESSION = "sess_abc123def456"
@@ -435,6 +437,67 @@ def test_choosing_a_reject_option_resolves_denied() -> None:
     ]
     # The permission carried the tool's input: the tool starts with it.
     assert of(out, ToolStart) == [ToolStart(tool_call_id="c1", name="rm", input={"path": "x"})]
+
+
+def test_a_tool_is_named_by_its_raw_name_when_the_agent_gives_one() -> None:
+    """claude-agent-acp titles tools ``Write hello.txt`` (issue 17, bug 8).
+
+    Its raw name (``name``, and ``_meta.claudeCode.toolName``) names the
+    tool, so rules and ``--allow Write`` match it and tool metrics add up per
+    tool; the title stays the request's title, and the ACP kind its
+    category. An agent without a raw name keeps the title as the name.
+    """
+    meta = {"claudeCode": {"toolName": "Write"}}
+    diff = [{"type": "diff", "path": "/p/hello.txt", "oldText": None, "newText": "hello\n"}]
+    raw_input = {"file_path": "/p/hello.txt", "content": "hello\n"}
+    out = run(
+        [
+            prompt(1),
+            update(
+                "tool_call",
+                toolCallId="c1",
+                name="Write",
+                title="Preparing file…",
+                kind="edit",
+                rawInput={},
+                status="pending",
+                _meta=meta,
+            ),
+            update(
+                "tool_call_update",
+                toolCallId="c1",
+                title="Write hello.txt",
+                rawInput=raw_input,
+                content=diff,
+                _meta=meta,
+            ),
+            permission(
+                0, "c1", name="Write", title="Write hello.txt", kind="edit", rawInput=raw_input
+            ),
+            selected(0, "yes"),
+            update(
+                "tool_call_update",
+                toolCallId="c1",
+                status="completed",
+                rawOutput="done",
+                _meta=meta,
+            ),
+            prompt(2),
+            permission(3, "c2", title="write", kind="edit", rawInput={"path": "x"}),
+            selected(3, "no"),
+        ]
+    )
+    first, second = of(out, PermissionRequested)
+    assert (first.tool, first.title, first.category) == ("Write", "Write hello.txt", "edit")
+    assert (second.tool, second.title, second.category) == ("write", None, "edit")
+    assert [(t.tool_call_id, t.name) for t in of(out, ToolStart)] == [
+        ("c1", "Write"),
+        ("c2", "write"),
+    ]
+    assert of(out, ToolComplete)[0].name == "Write"
+    assert PermissionRule(action="allow", tool="Write").matches(first)
+    assert PermissionRule(action="deny", category="edit").matches(first)
+    assert ToolRules(allow=("Write",)).decide(first.tool).allowed
 
 
 def test_a_permission_unanswered_when_its_turn_ends_is_cancelled_and_its_late_answer_ignored() -> (

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 import trio
-from busd_acp import AcpAdapter, AcpAgentError, AcpDriver, AcpOptionsError, busd_drivers
+from busd_acp import AcpAdapter, AcpAgentError, AcpDriver, AcpOptionsError, busd_drivers, spawn
 
 from busd import (
     Driver,
@@ -158,6 +158,28 @@ async def test_first_prompt_feeds_the_fixture_exchange_as_it_crossed_the_wire(
     assert untimed(context.events()) == untimed(expected)
     assert context.sdk_sessions == [SESSION]
     assert_agent_gone(tmp_path)
+
+
+async def test_the_agent_leads_its_own_process_group_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    """A terminal's Ctrl-C reaches busd only; what the agent started ends with the run.
+
+    The agent starts a program that outlives it and ignores SIGTERM (as
+    claude-agent-acp's Claude Code could, for a moment): once the agent has
+    exited, the rest of its process group is ended too, SIGKILL after the
+    shutdown timeout.
+    """
+    options = {"shutdown_timeout": 0.5}
+    context = ScriptedContext(request(tmp_path, WRITE_PROMPT, "--orphan", options=options), [ALLOW])
+    await AcpDriver().run(context)
+
+    [started] = [r for r in recorded(tmp_path) if "pid" in r]
+    [orphan] = [r["orphan"] for r in recorded(tmp_path) if "orphan" in r]
+    assert started["sid"] == started["pgid"] == started["pid"] != os.getsid(0)
+    assert_agent_gone(tmp_path)
+    assert orphan != started["pid"]
+    assert spawn.group_members(started["pid"]) == []  # the orphan too (a zombie counts as gone)
 
 
 def fixture_events(lines: list[dict[str, Any]]) -> list[Event]:

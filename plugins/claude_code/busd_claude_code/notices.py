@@ -6,7 +6,9 @@ changes: ``allowed`` says nothing worth showing, ``allowed_warning`` and
 reset time. A ``hook_response`` (sent with ``--include-hook-events``) says
 that a hook ran and how it went: ``stream.session.info``, or a warning when
 it did not succeed. Its ``hook_started`` adds nothing the response does not
-say, and is ignored.
+say, and is ignored. ``api_retry`` is a retry, ``compact_boundary`` a
+compaction; a user message that begins ``[Request interrupted by user`` is
+the CLI's own note that the turn was interrupted.
 """
 
 from __future__ import annotations
@@ -15,14 +17,23 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-from busd import SessionError, SessionInfo, SessionWarning
+from busd import (
+    SessionCompaction,
+    SessionError,
+    SessionInfo,
+    SessionRetry,
+    SessionWarning,
+)
 
 __all__ = [
     "IGNORED_SYSTEM",
     "TASK_END",
+    "compaction",
     "hook_notice",
+    "interrupted",
     "rate_limit_warning",
     "result_error",
+    "retry",
 ]
 
 TASK_END: Final[dict[str, Literal["ok", "error", "cancelled"]]] = {
@@ -40,6 +51,9 @@ IGNORED_SYSTEM: Final = frozenset(  # system subtypes ignored on purpose
         "background_tasks_changed",  # the running tasks: task_* lines say each change
     }
 )
+
+_INTERRUPT_NOTE: Final = "[Request interrupted by user"
+"""How the CLI's note of an interrupt begins (also ``... for tool use]``)."""
 
 _WINDOWS: Final = {
     "five_hour": "five-hour",
@@ -123,3 +137,37 @@ def result_error(line: Mapping[str, Any], subtype: str) -> SessionError | None:
         code = subtype if subtype and subtype != "success" else None
         return SessionError(message=message, code=code)
     return None
+
+
+def interrupted(content: list[Any]) -> bool:
+    """Whether a user message's content is the CLI's note that the user interrupted the turn."""
+    return any(
+        isinstance(block, Mapping)
+        and block.get("type") == "text"
+        and str(block.get("text", "")).startswith(_INTERRUPT_NOTE)
+        for block in content
+    )
+
+
+def retry(line: Mapping[str, Any]) -> SessionRetry:
+    """An ``api_retry`` line: the attempt, why (the error, else its HTTP status), the delay."""
+    delay = line.get("retry_delay_ms")
+    status = _int(line.get("error_status"))
+    error = line.get("error")
+    return SessionRetry(
+        attempt=_int(line.get("attempt")) or 0,
+        message=error if isinstance(error, str) else f"HTTP {status}" if status else "",
+        delay_s=delay / 1000 if isinstance(delay, int | float) else None,
+    )
+
+
+def compaction(line: Mapping[str, Any]) -> SessionCompaction:
+    """A ``compact_boundary`` line: the tokens before, when the CLI says."""
+    meta = line.get("compact_metadata")
+    return SessionCompaction(
+        tokens_before=_int(meta.get("pre_tokens")) if isinstance(meta, Mapping) else None
+    )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

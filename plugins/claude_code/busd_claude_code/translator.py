@@ -45,6 +45,10 @@ Decisions a consumer should know:
   on the agent's own terms: a ``stream.session.error`` and a plain idle. An
   interrupt is not an error unless Claude Code lists ``errors`` besides its
   interrupt diagnostics (``[ede_diagnostic] ...``, "Request was aborted").
+  Interrupted mid-answer, the CLI writes ``[Request interrupted by user]``
+  as a user message, then closes the streamed block and message itself
+  (stop reason null): the call ends there, its text ``stopped`` and its
+  turn ``cancelled``, and those closing lines are dropped.
 - **End of the stream.** Without a final ``result`` the CLI stopped
   mid-turn: :meth:`~busd.Translator.finish` settles what is open,
   cancels running tools and pending permissions, and says idle, aborted.
@@ -66,10 +70,8 @@ from busd import (
     Event,
     PermissionRequested,
     PermissionResolved,
-    SessionCompaction,
     SessionContext,
     SessionIdle,
-    SessionRetry,
     SessionStart,
     ToolComplete,
     ToolStart,
@@ -81,9 +83,18 @@ from busd import (
     normalize_usage,
 )
 
-from .notices import IGNORED_SYSTEM, TASK_END, hook_notice, rate_limit_warning, result_error
+from .notices import (
+    IGNORED_SYSTEM,
+    TASK_END,
+    compaction,
+    hook_notice,
+    interrupted,
+    rate_limit_warning,
+    result_error,
+    retry,
+)
 from .permissions import category, permission_options, resolution
-from .usage import ByModel, context_window, every_model, held, last_iteration
+from .usage import ByModel, context_used, context_window, every_model
 
 __all__ = ["TASK_TOOLS", "ClaudeCodeAdapter", "ClaudeCodeTranslator"]
 
@@ -91,6 +102,7 @@ TASK_TOOLS: Final = frozenset({"Task", "Agent"})
 """Tools that spawn a sub-agent (``Agent`` is the newer name of ``Task``)."""
 
 _ABORTED: Final = frozenset({"aborted", "aborted_streaming", "aborted_tools", "interrupted"})
+_CLOSING: Final = frozenset({"content_block_delta", "content_block_stop", "message_delta"})
 _ANNOTATED: Final = (
     "display_name",
     "permission_suggestions",
@@ -110,10 +122,6 @@ def _str(value: object) -> str | None:
 def _ledger_key(sid: str | None, parent: str | None) -> str:
     """The ledger's name for one agent's usage: each agent has its own running total."""
     return f"{sid or ''}\x1f{parent or ''}"
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class _Tool:
@@ -166,6 +174,8 @@ class ClaudeCodeTranslator(Translator):
         self._deferred: set[str] = set()
         self._background: dict[str, tuple[str | None, str | None]] = {}
         self._ending: dict[str, Literal["ok", "error", "cancelled"]] = {}
+        # Lanes whose streamed call an interrupt cut: the CLI's own closing lines follow.
+        self._cut: set[_Lane] = set()
 
     # -- dispatch ----------------------------------------------------------------
 
@@ -304,7 +314,14 @@ class ClaudeCodeTranslator(Translator):
         parent = _str(line.get("parent_tool_use_id"))
         self._start(sid, out, model=self._model)
         self._busy = True
-        if parent is None and event.get("type") == "message_start":
+        kind = event.get("type")
+        if (sid, parent) in self._cut:
+            if kind in _CLOSING:
+                return  # the CLI closing what the interrupt already cut
+            self._cut.discard((sid, parent))
+            if kind == "message_stop":
+                return
+        if parent is None and kind == "message_start":
             started = event.get("message")
             if isinstance(started, Mapping):
                 self._note_call(sid, started.get("id"), None)
@@ -334,7 +351,13 @@ class ClaudeCodeTranslator(Translator):
         sid = self._session(line)
         parent = _str(line.get("parent_tool_use_id"))
         lane = self._lanes.get((sid, parent))
-        if lane is not None and lane.open and not lane.streaming:
+        if lane is not None and lane.open and interrupted(content):
+            # Mid-answer: what streamed so far is cut short, and the CLI closes the
+            # block and the message itself next (stop reason null): not an end.
+            if lane.cut:
+                self._cut.add((sid, parent))
+            self._deliver(out, lane.settle(now, cancelled=True), sid, parent, now)
+        elif lane is not None and lane.open and not lane.streaming:
             self._deliver(out, lane.settle(now), sid, parent, now)  # results end a snapshot turn
         for block in content:
             if isinstance(block, Mapping) and block.get("type") == "tool_result":
@@ -413,21 +436,9 @@ class ClaudeCodeTranslator(Translator):
                     self._model = model
                 self._start(sid, out, model=model, cwd=_str(line.get("cwd")))
             case "compact_boundary":
-                meta = line.get("compact_metadata")
-                before = _int(meta.get("pre_tokens")) if isinstance(meta, Mapping) else None
-                compaction = SessionCompaction(tokens_before=before)
-                out.append(self.emit(compaction, session_id=self._session(line)))
+                out.append(self.emit(compaction(line), session_id=self._session(line)))
             case "api_retry":
-                delay = line.get("retry_delay_ms")
-                status = _int(line.get("error_status"))
-                error = line.get("error")
-                message = error if isinstance(error, str) else f"HTTP {status}" if status else ""
-                retry = SessionRetry(
-                    attempt=_int(line.get("attempt")) or 0,
-                    message=message,
-                    delay_s=delay / 1000 if isinstance(delay, int | float) else None,
-                )
-                out.append(self.emit(retry, session_id=self._session(line)))
+                out.append(self.emit(retry(line), session_id=self._session(line)))
             case "hook_response":
                 out.append(self.emit(hook_notice(line), session_id=self._session(line)))
             case "task_started" | "task_progress" | "task_updated" | "task_notification":
@@ -556,25 +567,13 @@ class ClaudeCodeTranslator(Translator):
         self._busy = False
 
     def _context_used(self, sid: str | None, line: Mapping[str, Any]) -> int | None:
-        """What the window held after the turn's last main-model call, never the turn's total.
-
-        In order: the last of ``usage.iterations``; the last call's streamed
-        figures; its snapshot's prompt, with the output the ``result`` states
-        when the turn made one call (a snapshot's own output figure is stale).
-        """
-        last = last_iteration(line)
-        if last is not None:
-            return held(last)
+        """What the window held after the turn's last main-model call (:func:`context_used`)."""
         call = self._last_call.get(sid)
         if call is None:
-            return None
+            return context_used(line, None)
         message_id, snapshot = call
         streamed = self._ledger.turn(_ledger_key(sid, None), message_id)
-        if held(streamed):
-            return held(streamed)
-        if self._turn_calls.get(sid) == {message_id}:
-            return held(normalize_usage(line, provider="anthropic"))
-        return None if snapshot is None else held(normalize_usage(snapshot, provider="anthropic"))
+        return context_used(line, (streamed, snapshot, self._turn_calls.get(sid) == {message_id}))
 
     def _cancel_open(self, sid: str | None, now: float, out: list[Emitted]) -> None:
         """Cancel the running tools and pending permissions of ``sid`` (``None``: all)."""

@@ -23,7 +23,15 @@ import msgspec
 
 from busd import Event, TokenUsage, Usage, add_usage, merge_cumulative, normalize_usage
 
-__all__ = ["ByModel", "by_model", "context_window", "every_model", "held", "last_iteration"]
+__all__ = [
+    "ByModel",
+    "by_model",
+    "context_used",
+    "context_window",
+    "every_model",
+    "held",
+    "last_iteration",
+]
 
 MAX_MODELS = 64
 """Models kept per session in a breakdown; the reports of more are left out of it."""
@@ -127,3 +135,28 @@ def last_iteration(line: Mapping[str, Any]) -> TokenUsage | None:
     if isinstance(iterations, list) and iterations and isinstance(iterations[-1], Mapping):
         return normalize_usage(iterations[-1], provider="anthropic")
     return None
+
+
+LastCall = tuple[TokenUsage, Mapping[str, Any] | None, bool]
+"""The turn's last main-model call: its streamed figures, its snapshot's usage, its only one?"""
+
+
+def context_used(line: Mapping[str, Any], last_call: LastCall | None) -> int | None:
+    """What the window held after the turn's last main-model call, never the turn's total.
+
+    In order: the last of the result's ``usage.iterations``; the last call's
+    streamed figures; its snapshot's prompt, with the output the ``result``
+    states when the turn made one call (a snapshot's own output figure is
+    stale).
+    """
+    last = last_iteration(line)
+    if last is not None:
+        return held(last)
+    if last_call is None:
+        return None
+    streamed, snapshot, only = last_call
+    if held(streamed):
+        return held(streamed)
+    if only:
+        return held(normalize_usage(line, provider="anthropic"))
+    return None if snapshot is None else held(normalize_usage(snapshot, provider="anthropic"))

@@ -392,6 +392,32 @@ def test_an_interrupted_turn_is_idle_aborted_with_its_work_cancelled() -> None:
     assert of(cut, SessionIdle) == [SessionIdle(aborted=True)]
 
 
+def test_the_real_cli_interrupted_mid_answer_leaves_the_text_stopped_and_the_turn_cancelled() -> (
+    None
+):
+    """The CLI's own lines on an interrupt mid-answer (issue 17, bug 4; fixtures/README.md).
+
+    After the partial snapshot it writes ``[Request interrupted by user]``,
+    then closes the streamed block and message itself (``stop_reason``
+    null): the text is cut, not complete, and the turn was cancelled.
+    """
+    with (Path(__file__).parent / "fixtures" / "interrupted-mid-answer.jsonl").open() as f:
+        raw = [json.loads(line) for line in f]
+    t = ClaudeCodeTranslator()
+    out = run(raw, t)
+    assert of(out, TextComplete) == [
+        TextComplete(
+            message_id="msg_standin_2:0", text="Counting slowly: one, two, three", stopped=True
+        )
+    ]
+    assert of(out, TurnEnd) == [TurnEnd(turn_id="msg_standin_2", finish_reason="cancelled")]
+    assert of(out, SessionError) == []
+    assert events(out)[-1] == SessionIdle(aborted=True)
+    stats = t.statistics()
+    assert (stats.malformed, stats.unknown) == ({}, {})  # the CLI's closing lines are expected
+    assert of(out, Usage)[-1].tokens.output_tokens == 29  # the result's modelUsage
+
+
 @pytest.mark.parametrize(
     "errors",
     [  # what the CLI lists on an interrupt (shapes seen in public clients' tests)

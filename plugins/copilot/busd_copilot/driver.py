@@ -28,6 +28,11 @@ a CLI that exits mid-turn only fails pending requests, so the driver hooks
 the JSON-RPC client's ``on_close`` to end the run; and ``stop()`` leaves the
 child's pipes open, so they are closed once the child has exited.
 
+**Process group.** The CLI leads a session of its own (a ``setsid()`` and
+``exec`` one-liner in its place, same pid; the SDK has no option for it), so
+Ctrl-C in the terminal of ``busd run`` reaches busd only, which aborts the
+turn in order, instead of killing the CLI mid-turn.
+
 **Options.** ``model`` defaults to ``claude-sonnet-4.5`` (the Copilot CLI's
 usual default); ``system_prompt`` is *appended* to Copilot's own system
 message (replacing it drops Copilot's guardrails: pass ``system_message``
@@ -55,6 +60,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
+import sys
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -228,8 +236,9 @@ class _Run:
             self._loop, self._task = loop, asyncio.current_task()
         self._done = loop.create_future()
         driver = self.driver
+        path, args = _own_session(driver)
         client = CopilotClient(
-            connection=RuntimeConnection.for_stdio(path=driver.cli_path, args=driver.cli_args),
+            connection=RuntimeConnection.for_stdio(path=path, args=args),
             working_directory=self.request.cwd,
             **driver.client_options,
         )
@@ -372,6 +381,29 @@ class _Run:
         answer: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
         trio.from_thread.run_sync(nursery.start_soon, self._ask, asked, answer)
         return _sdk_decision(await answer, request)
+
+
+_SETSID: Final = "import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+def _own_session(driver: CopilotDriver) -> tuple[str | None, tuple[str, ...]]:
+    """``(path, args)`` that start the CLI leading a session (and process group) of its own.
+
+    The SDK starts it in busd's process group, with no option to do
+    otherwise, so a terminal's Ctrl-C on ``busd run`` killed the CLI
+    mid-turn instead of letting busd abort the turn and stop it in order.
+    A Python one-liner calls ``setsid()`` and execs the CLI in its place
+    (same pid, which the SDK watches). The CLI is the one the SDK would
+    pick (``cli_path``, else ``COPILOT_CLI_PATH``); with neither, the SDK's
+    own runtime starts as the SDK starts it.
+    """
+    env = driver.client_options.get("env")
+    cli = driver.cli_path or (env if env is not None else os.environ).get("COPILOT_CLI_PATH")
+    found = None if not cli else cli if os.path.exists(cli) else shutil.which(cli)
+    if found is None:
+        return driver.cli_path, driver.cli_args  # the SDK says what is missing
+    command = ("node", found) if found.endswith(".js") else (found,)
+    return sys.executable, ("-c", _SETSID, *command, *driver.cli_args)
 
 
 def _settle(answer: asyncio.Future[Any], value: object) -> None:

@@ -287,6 +287,10 @@ _IGNORED: Final = frozenset(
         "model.turn_ended",
         "model.response",
         "model.messages_snapshot",
+        # ...and on an abort: the abort event and the turn's end say it for the catalog.
+        "agent.interrupted",
+        "model.telemetry",
+        "model.turn_failed",
         "subagent.selected",
         "subagent.deselected",
         "subagent.configured",

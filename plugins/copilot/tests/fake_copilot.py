@@ -90,7 +90,7 @@ class FakeCopilot:
     # -- requests --------------------------------------------------------------------
 
     def serve(self) -> None:
-        self.record({"pid": os.getpid()})
+        self.record({"pid": os.getpid(), "sid": os.getsid(0)})
         while (message := self.read(sys.stdin.buffer)) is not None:
             if "method" not in message:
                 continue  # a response: this CLI asks the SDK nothing

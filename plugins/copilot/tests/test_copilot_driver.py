@@ -183,6 +183,9 @@ async def test_a_full_run_feeds_the_recorded_session_through_the_sdk(tmp_path: P
     assert record.params("session.abort") == []
     assert_cli_gone(record)
     assert sdk_threads() <= before
+    # The CLI led a session of its own: a terminal's Ctrl-C on busd run reaches busd only.
+    [started] = [e for e in record.entries() if "sid" in e]
+    assert started["sid"] == started["pid"] != os.getsid(0)
 
 
 @pytest.mark.parametrize(

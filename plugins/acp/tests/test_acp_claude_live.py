@@ -1,0 +1,251 @@
+"""busd's acp driver runs the real ``claude-agent-acp`` (issue 17).
+
+The agent is the npm package ``@agentclientprotocol/claude-agent-acp``
+pinned in contrib/agents. It wraps the TypeScript Claude Agent SDK, which
+starts the Claude Code binary of its own platform package
+(``@anthropic-ai/claude-agent-sdk-linux-x64``, installed with it; the
+``CLAUDE_CODE_EXECUTABLE`` variable would choose another). It runs on the
+Node.js the machine has (20; the package asks for 22 but works), isolated in
+the test's own home, with ``ANTHROPIC_BASE_URL`` at the scripted stand-in
+(``plugins/claude_code/tests/messages_stand_in.py``) and ``ANTHROPIC_MODEL``
+naming a model busd's price table knows. Nothing is faked between the
+daemon and the agent: the driver starts it through the ACP SDK.
+
+What it reports: its prompt response's ``_meta.quota.model_usage`` counts
+every call of the turn (the side call before it too), and ``usage_update``
+the session's cost, priced by Claude Code itself: both must equal what the
+stand-in served and busd's own price for it. Its tools carry their raw name
+(``Write``) beside ACP's title (``Write hello.txt``) and kind (``edit``),
+which is what rules match (bug 8). In its ``default`` mode (ACP
+``session/set_mode``) a file write asks first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import trio
+
+from busd import TokenUsage, cost_usd
+from busd.core.events import (
+    Envelope,
+    Event,
+    PermissionRequested,
+    PermissionResolved,
+    RunFinished,
+    TextComplete,
+    ToolComplete,
+    ToolStart,
+    Usage,
+)
+from busd.core.permissions import PermissionRule
+from busd.daemon.hub import Daemon, DaemonConfig
+from busd.plugins.manager import PluginManager
+
+ROOT = Path(__file__).resolve().parents[3]
+AGENT = ROOT / "contrib/agents/node_modules/.bin/claude-agent-acp"
+HELPERS = ROOT / "plugins/claude_code/tests"
+NODE = shutil.which("node") or "node"
+MODEL = "claude-sonnet-4-5-20250929"
+PROMPT = "Write hello into hello.txt."
+
+pytestmark = pytest.mark.skipif(
+    not AGENT.exists(),
+    reason=f"no claude-agent-acp at {AGENT} (install it: cd contrib/agents && npm install)",
+)
+E = TypeVar("E", bound=Event)
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"acp_claude_{name}", HELPERS / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+standin_module = _load("messages_stand_in")
+live = _load("live_processes")
+
+
+def agent_env(root: Path, model_url: str) -> dict[str, str]:
+    """What the agent gets beside the ACP SDK's trimmed environment: its own home, the model."""
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        "HOME": str(home),
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "TMPDIR": str(root),
+        "ANTHROPIC_BASE_URL": model_url,
+        "ANTHROPIC_API_KEY": "sk-ant-stand-in",
+        "ANTHROPIC_MODEL": MODEL,
+    }
+
+
+def _tokens(served: Mapping[str, int]) -> TokenUsage:
+    return TokenUsage(
+        input_tokens=served["input_tokens"],
+        output_tokens=served["output_tokens"],
+        cache_read_tokens=served["cache_read_input_tokens"],
+        cache_write_tokens=served["cache_creation_input_tokens"],
+    )
+
+
+def _counts(tokens: TokenUsage) -> tuple[int, int, int, int]:
+    return (
+        tokens.input_tokens,
+        tokens.output_tokens,
+        tokens.cache_read_tokens,
+        tokens.cache_write_tokens,
+    )
+
+
+class Frontend:
+    """A daemon with the installed plugins; its frontend answers what no rule decided."""
+
+    def __init__(self, rules: tuple[PermissionRule, ...], *, allow: bool) -> None:
+        plugins = PluginManager(environ={})
+        plugins.load_entry_points()
+        self.daemon = Daemon(DaemonConfig(permission_rules=rules), plugins=plugins)
+        self.allow = allow
+        self.seen: list[Envelope[Event]] = []
+        self.finished = trio.Event()
+        self._send, self._requests = trio.open_memory_channel[PermissionRequested](16)
+        self.daemon.bus.on_all(self._record)
+
+    def _record(self, envelope: Envelope[Event]) -> None:
+        self.seen.append(envelope)
+        match envelope.event:
+            case PermissionRequested() as request:
+                self._send.send_nowait(request)
+            case RunFinished():
+                self.finished.set()
+
+    async def answer(self) -> None:
+        async for request in self._requests:
+            if not self.daemon.broker.is_resolved(request.request_id):
+                self.daemon.broker.reply(request.request_id, by="frontend", allow=self.allow)
+
+    def of(self, cls: type[E]) -> list[E]:
+        return [e.event for e in self.seen if e.run_id is not None and isinstance(e.event, cls)]
+
+
+@pytest.mark.parametrize(
+    ("rules", "allowed", "by"),
+    [
+        ((PermissionRule(action="allow", tool="Write"),), True, "rule:0"),
+        ((PermissionRule(action="deny", category="edit"),), False, "rule:0"),
+        ((), True, "frontend"),
+    ],
+    ids=["allowed-by-its-name", "denied-by-its-kind", "allowed-by-a-frontend"],
+)
+async def test_claude_agent_acp_writes_a_file_when_allowed_and_counts_what_it_was_served(
+    tmp_path: Path, rules: tuple[PermissionRule, ...], allowed: bool, by: str
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    target = project / "hello.txt"
+    write = {"file_path": str(target), "content": "hello\n"}
+    frontend = Frontend(rules, allow=True)
+    with standin_module.StandIn(tool=("Write", write)) as standin:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(frontend.daemon.run)
+            nursery.start_soon(frontend.answer)
+            frontend.daemon.runs.start(
+                adapter="acp",
+                prompt=PROMPT,
+                started_by="test",
+                cwd=str(project),
+                permission_mode="default",  # Claude Code's "ask before edits"
+                options={"command": [NODE, str(AGENT)], "env": agent_env(tmp_path, standin.url)},
+            )
+            with trio.fail_after(live.REACH):
+                await frontend.finished.wait()
+            nursery.cancel_scope.cancel()
+    [finished] = frontend.of(RunFinished)
+    assert finished.status == "ok", finished.error
+    # The tool call, with its input, asked for under its own name, title and kind.
+    [tool] = frontend.of(ToolStart)
+    assert (tool.name, tool.input) == ("Write", write)
+    [asked] = frontend.of(PermissionRequested)
+    assert (asked.tool, asked.title, asked.category, asked.input) == (
+        "Write",
+        "Write hello.txt",
+        "edit",
+        write,
+    )
+    [resolved] = frontend.of(PermissionResolved)
+    assert (resolved.outcome, resolved.by) == ("allowed" if allowed else "denied", by)
+    [done] = frontend.of(ToolComplete)
+    assert (done.tool_call_id, done.status) == (tool.tool_call_id, "ok" if allowed else "error")
+    assert target.exists() is allowed
+    if allowed:
+        assert target.read_text() == "hello\n"
+    assert standin_module.ANSWER in [t.text for t in frontend.of(TextComplete)]
+    # Tokens: every call of the turn as served (the side call before it, the tool
+    # call, the answer; a prompt suggestion may follow the turn and is not its own).
+    kinds = standin.kinds()
+    turn = standin.served[: kinds.index("answer") + 1]
+    assert sorted(s.kind for s in turn) == ["answer", "side", "tool"]  # the side call races
+    served = TokenUsage()
+    for call in turn:
+        served = TokenUsage(
+            input_tokens=served.input_tokens + call.usage["input_tokens"],
+            output_tokens=served.output_tokens + call.usage["output_tokens"],
+            cache_read_tokens=served.cache_read_tokens + call.usage["cache_read_input_tokens"],
+            cache_write_tokens=served.cache_write_tokens
+            + call.usage["cache_creation_input_tokens"],
+        )
+    assert _counts(finished.usage) == _counts(served)
+    assert {model: _counts(t) for model, t in finished.models.items()} == {MODEL: _counts(served)}
+    # Cost: Claude Code's own price (usage_update), equal to busd's table for the model.
+    priced = cost_usd(MODEL, served)
+    assert priced is not None
+    assert finished.usage.cost_usd == pytest.approx(priced, rel=1e-9)
+    assert frontend.of(Usage)[-1].tokens.cost_usd == finished.usage.cost_usd
+    # ...and the model was told what came of it: the file written, or the refusal.
+    told = json.dumps(standin.requests[kinds.index("answer")]["messages"][-1])
+    said = "File created successfully" if allowed else "refused permission"
+    assert said in told
+    assert ('"is_error": true' in told) is not allowed
+
+
+async def test_ctrl_c_on_busd_run_stops_claude_agent_acp_mid_answer(tmp_path: Path) -> None:
+    """``busd run --adapter acp`` with its in-process daemon; Ctrl-C while the answer streams.
+
+    The SIGINT goes to the whole job, as a terminal sends it: the agent runs
+    in a process group of its own, so only busd hears it and cancels the ACP
+    way (``session/cancel``: the prompt is answered ``cancelled``). The agent
+    (``node``) and the Claude Code it started are gone when ``busd run`` exits.
+    """
+    project = tmp_path / "project"
+    project.mkdir()
+    with standin_module.StandIn(slow=True) as standin:
+        options = {"command": [NODE, str(AGENT)], "env": agent_env(tmp_path, standin.url)}
+        args: list[Any] = ["--adapter", "acp", "--cwd", project]
+        for key, value in options.items():
+            args += ["--option", f"{key}={json.dumps(value)}"]
+        midway = await live.ctrl_c_midway(
+            tmp_path,
+            standin,
+            [*args, "Count slowly to three."],
+            env=live.busd_env(tmp_path),
+            agent="claude-agent-acp",
+            last=standin_module.SLOW_WORDS[-1],
+            job=True,
+        )
+    assert midway.code == live.RUN_EXIT_CANCELLED, midway.run.stderr
+    alive = {pid: cmd for pid, cmd in midway.processes.items() if not live.gone(pid)}
+    assert alive == {}, midway.run.stderr
+    assert any("claude-agent-sdk" in command for command in midway.processes.values())
+    live.cancelled_midway(midway.envelopes, midway.run_id, "".join(standin_module.SLOW_WORDS))
+    assert "Traceback" not in midway.run.stderr
