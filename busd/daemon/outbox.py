@@ -5,11 +5,10 @@ head and an array shared with other subscribers (never copied per
 subscriber: both go to the kernel in one ``writev``/``sendmsg``). The
 writer sends everything queued in one call; while it is parked with nothing
 queued, a frame is written to the socket at once (non-blocking) instead of
-waking it. Events frames
-wait for room under the cap (:meth:`Outbox.room`); replies and errors do
-not, and past a hard cap the owner is told its client does not read
-(``on_overflow``). Each events frame remembers the resume point that holds
-if it is never delivered.
+waking it. Events frames wait for room under the cap (:meth:`Outbox.room`);
+replies and errors do not, and past a hard cap the owner is told its client
+does not read (``on_overflow``). Each events frame remembers the resume
+point that holds if it is never delivered.
 """
 
 from __future__ import annotations
