@@ -74,9 +74,10 @@ test("stats: a session's busd.stats; without a session, the daemon's components"
   assert.equal(session.type, "busd.stats");
   assert.equal(typeof session.elapsed_s, "number");
   const whole = await bus.stats();
-  for (const component of ["bus", "correlation", "history", "sessions", "flusher"]) {
+  for (const component of ["bus", "correlation", "history", "sessions", "fanout"]) {
     assert.equal(typeof whole[component], "object", component);
   }
+  assert.equal(whole.fanout.cohorts, 0); // nobody subscribed: no cohort
   assert.ok(whole.history.head_seq >= ack.last_seq);
   await bus.close();
 });
