@@ -91,9 +91,11 @@ def run_command(
     """Run PROMPT with an agent and exit with its outcome (`-`: read the prompt from stdin).
 
     Uses the daemon at the socket, or starts one in-process for this run.
-    Permission requests are answered from --deny, then --allow; a tool no
-    rule matches is denied. Exit codes: 0 ok, 1 agent error, 2 usage error,
-    124 watchdog timeout, 130 cancelled (SIGINT/SIGTERM cancel the run).
+    Permission requests are decided by --deny, then --allow; a tool no rule
+    matches is denied. The rules travel with the run: the daemon applies
+    them after its own rules and before any attached frontend is asked.
+    Exit codes: 0 ok, 1 agent error, 2 usage error, 124 watchdog timeout,
+    130 cancelled (SIGINT/SIGTERM cancel the run).
     """
     from ..daemon.embedded import serve_private
     from ..frontends.headless import HeadlessRun, ToolRules, parse_option, run_headless

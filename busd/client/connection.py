@@ -17,6 +17,7 @@ import trio
 from .._version import __version__
 from ..core.catalog import Catalog
 from ..core.events import Envelope, Event
+from ..core.permissions import PermissionRule
 from ..wire import (
     BYE,
     PROTOCOL_VERSION,
@@ -516,13 +517,16 @@ class Client:
         options: dict[str, Any] | None = None,
         driver: str | None = None,
         request_id: str | None = None,
+        permission_rules: Sequence[PermissionRule] = (),
     ) -> dict[str, str]:
         """Start a run; returns ``{"run_id", "session_id"}`` at once, events follow.
 
         ``driver`` defaults to the one named like ``adapter``; ``"replay"``
         plays a recording (``options={"recording": ..., "speed": ...}``).
         ``request_id`` is an id of the caller's choosing that every
-        ``busd.run.*`` event of the run repeats.
+        ``busd.run.*`` event of the run repeats. ``permission_rules`` decide
+        the run's permission requests in this client's name, after the
+        daemon's policy and rules and before any frontend is asked.
         """
         result: dict[str, str] = await self.request(
             StartRun(
@@ -537,6 +541,7 @@ class Client:
                 max_turns=max_turns,
                 options=options or {},
                 request_id=request_id,
+                permission_rules=tuple(permission_rules),
             )
         )
         return result

@@ -1,10 +1,11 @@
 """Permission rules and decisions, pure: what the broker consults before it asks people.
 
-The order a request is decided in (plugin policy, then these rules, then
-the first frontend to answer, then the timeout) is the broker's
-(:mod:`busd.daemon.broker`); here are the rules (tool-name glob, category,
-annotations, command pattern → ``allow`` / ``deny`` / ``ask``, first match
-wins) and the :class:`PermissionDecision` a driver gets back.
+The order a request is decided in (plugin policy, then the daemon's rules,
+then the rules its run was started with, then the first frontend to
+answer, then the timeout) is the broker's (:mod:`busd.daemon.broker`);
+here are the rules (tool-name glob, category, annotations, command pattern
+→ ``allow`` / ``deny`` / ``ask``, first match wins) and the
+:class:`PermissionDecision` a driver gets back.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class PermissionDecision(msgspec.Struct, frozen=True, kw_only=True, omit_default
     option_id: str | None = None
     """The offered option that was chosen (``allow_once``, ``reject``, ...), if any."""
     by: str | None = None
-    """Who decided: a client's identity (``name[pid=…,uid=…]``), ``policy``, ``rule:<n>``,
-    ``timeout``, or ``busd`` (the run was cancelled)."""
+    """Who decided: a client's identity (``name[pid=…,uid=…]``: its answer, or a rule it
+    started the run with), ``policy``, ``rule:<n>``, ``timeout``, or ``busd`` (the run was
+    cancelled)."""
     reason: str | None = None
 
     @property
@@ -47,7 +49,7 @@ class PermissionDecision(msgspec.Struct, frozen=True, kw_only=True, omit_default
 class PermissionRule(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
 ):
-    """One rule of the daemon's permission policy; every given condition must match."""
+    """One permission rule (the daemon's, or a run's); every given condition must match."""
 
     action: Literal["allow", "deny", "ask"]
     tool: str | tuple[str, ...] = "*"
@@ -58,11 +60,20 @@ class PermissionRule(
     """Each key must be present with this value (``{"readOnlyHint": true}``)."""
     command: str | None = None
     """A regular expression searched in the input's ``command`` (shell tools)."""
+    reason: str | None = None
+    """Why, in the rule giver's words (``--deny Write``): the decision's ``reason``."""
 
     def __post_init__(self) -> None:
         for name in ("tool", "category"):
             if getattr(self, name) == ():
                 raise ValueError(f"{name} is an empty list: it would match nothing")
+        if self.command is not None:
+            try:
+                re.compile(self.command)
+            except re.error as exc:  # caught here, not when a request is matched
+                raise ValueError(
+                    f"command {self.command!r} is not a regular expression: {exc}"
+                ) from None
 
     def matches(self, request: PermissionRequested) -> bool:
         tools = (self.tool,) if isinstance(self.tool, str) else self.tool

@@ -5,9 +5,18 @@ A driver's request is decided in a fixed, documented order:
 1. plugins (``busd_permission_policy``, first non-``None`` answer);
 2. the daemon's rules, first match wins (tool-name glob, category,
    annotations, command pattern → ``allow`` / ``deny`` / ``ask``);
-3. the attached frontends: the first valid ``permission_reply`` wins, later
+3. the run's rules, given by whoever started it (``start_run``'s
+   ``permission_rules``, :meth:`PermissionBroker.bind_run`), first match
+   wins: published ``by`` the starter's identity with the rule's
+   ``reason``. They decide as the request is published, before any
+   frontend sees it, so ``busd run --deny Write`` binds even with a
+   frontend that answers at once. A run's rule never overrides a daemon
+   rule that decided; a daemon ``ask`` leaves the request to the run's
+   rules, then people (the starter may answer it anyway: the right to
+   ``start_run`` comes with ``permission_reply``);
+4. the attached frontends: the first valid ``permission_reply`` wins, later
    ones get ``already_resolved``;
-4. nobody answered within the timeout: denied, ``by: "timeout"``, with the
+5. nobody answered within the timeout: denied, ``by: "timeout"``, with the
    reason on the bus. ``busd serve`` waits :data:`DEFAULT_PERMISSION_TIMEOUT`
    (its flag and config file say otherwise; ``None`` waits for ever): an
    unattended run is not left waiting for a person who is not there, since
@@ -15,9 +24,10 @@ A driver's request is decided in a fixed, documented order:
 
 An agent busd does not drive (a Claude Code hook) asks the same broker with
 ``ask_permission`` (:meth:`PermissionBroker.ask`): policy, rules, then
-frontends decide as above, but nobody answering in time leaves the decision
-to the agent (``None``: the reply says ``unanswered``), and an asker that
-goes away withdraws its request (resolved ``cancelled``).
+frontends decide as above (it has no run, so no run rules), but nobody
+answering in time leaves the decision to the agent (``None``: the reply
+says ``unanswered``), and an asker that goes away withdraws its request
+(resolved ``cancelled``).
 
 Every request is published as ``stream.permission.requested`` (once, even if
 the adapter already published it from the raw stream) and every decision as
@@ -86,9 +96,25 @@ class PermissionBroker:
         self.rules = list(rules)
         self.timeout = timeout
         self._pending: dict[str, _Pending] = {}
+        self._run_rules: dict[str, tuple[str, tuple[PermissionRule, ...]]] = {}
         self._published: OrderedDict[str, None] = OrderedDict()  # request ids seen on the bus
         self._resolved: OrderedDict[str, PermissionDecision] = OrderedDict()
         self._remember = remember
+
+    # -- the runs' own rules ------------------------------------------------------------
+
+    def bind_run(self, run_id: str, rules: Sequence[PermissionRule], *, by: str) -> None:
+        """Decide ``run_id``'s requests by ``rules`` (after policy and the daemon's rules).
+
+        ``by`` is the identity of the client that started the run: its rules
+        decide in its name.
+        """
+        if rules:
+            self._run_rules[run_id] = (by, tuple(rules))
+
+    def release_run(self, run_id: str) -> None:
+        """The run ended: forget its rules."""
+        self._run_rules.pop(run_id, None)
 
     # -- seen on the bus (the daemon calls this for every requested event) ------
 
@@ -172,7 +198,20 @@ class PermissionBroker:
         if found is not None:
             index, rule = found
             if rule.action != "ask":
-                return decision_for(request, allow=rule.action == "allow", by=f"rule:{index}")
+                return decision_for(
+                    request, allow=rule.action == "allow", by=f"rule:{index}", reason=rule.reason
+                )
+        bound = self._run_rules.get(envelope.run_id or "")
+        if bound is not None:
+            starter, rules = bound
+            found = match_rule(rules, request)
+            if found is not None:
+                index, rule = found
+                if rule.action != "ask":
+                    reason = rule.reason or f"rule {index} of the run: {rule.action}"
+                    return decision_for(
+                        request, allow=rule.action == "allow", by=starter, reason=reason
+                    )
         return None
 
     # -- an agent busd does not drive (ask_permission) ----------------------------------

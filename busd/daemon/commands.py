@@ -72,6 +72,7 @@ def answer(daemon: Daemon, command: object, *, by: str) -> Any:
                     options=command.options,
                     driver=command.driver,
                     request_id=command.request_id,
+                    permission_rules=command.permission_rules,
                 )
             except RunRejected as exc:
                 raise Failed(exc.code, str(exc)) from None

@@ -12,13 +12,17 @@ context window): ``ok``; ``error`` (the driver raised: a
 cancellation plus the SDK's own interrupt; partial text is kept, marked
 stopped; pending permissions are resolved cancelled); ``timed_out`` (the
 watchdog saw no event for ``watchdog`` seconds).
+
+A run may carry its starter's permission rules (``permission_rules``): the
+broker decides the run's requests by them right after the daemon's own
+rules and before any frontend is asked (:mod:`busd.daemon.broker`).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -39,6 +43,7 @@ from ..core.events import (
     TokenUsage,
     Usage,
 )
+from ..core.permissions import PermissionRule
 from ..core.toolmetrics import ToolTracker
 from ..core.usage import add_usage
 from ..plugins.adapters import Adapter, Emitted, Translator
@@ -112,6 +117,8 @@ class RunState:
     reported_error: bool = False
     """The stream already said what went wrong (no second session error)."""
     done: trio.Event = field(default_factory=trio.Event)
+    permission_rules: tuple[PermissionRule, ...] = ()
+    """The starter's rules for this run's permission requests (``start_run``)."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -203,10 +210,14 @@ class RunManager:
         max_turns: int | None = None,
         options: dict[str, Any] | None = None,
         driver: str | None = None,
+        permission_rules: Sequence[PermissionRule] = (),
     ) -> RunState:
         """Validate and launch a run; returns at once (events follow on the bus).
 
         ``driver`` names the driver; by default it is the one named like the adapter.
+        ``permission_rules`` decide the run's requests in ``started_by``'s name,
+        before any frontend is asked (already valid: they are
+        :class:`PermissionRule` structs, checked as they were decoded).
         """
         loaded = ", ".join(sorted(self.drivers)) or "none"
         if driver is not None:
@@ -261,7 +272,9 @@ class RunManager:
             last_activity=now,
             usage_before=(snapshot.usage if snapshot is not None else None) or TokenUsage(),
             models_before=dict(snapshot.usage_by_model) if snapshot is not None else {},
+            permission_rules=tuple(permission_rules),
         )
+        self.broker.bind_run(run_id, state.permission_rules, by=started_by)
         self._runs[run_id] = state
         self._active_by_session[session] = run_id
         self._driven.add(session)
@@ -405,6 +418,7 @@ class RunManager:
             )
         self._feed(state, state.translator.finish(now))  # stopped text, idle, ...
         self.broker.cancel_run(state.run_id)
+        self.broker.release_run(state.run_id)
         stats = self.daemon.accountant.stats.run_stats(state.run_id, now)
         snapshot = self.daemon.sessions.snapshot(session)
         context = self.daemon.accountant.context.get(session)

@@ -7,10 +7,15 @@ either way through the same client code path, so a CI job and a developer's
 terminal see the same events. It subscribes before it starts the run (no
 event of the run can slip past), prints the run's events (JSON Lines of
 envelopes, or readable text with :class:`PrettyPrinter`) until
-``busd.run.finished``, and answers the run's permission requests itself
-from ``--deny``/``--allow`` tool-name globs (:class:`ToolRules`): deny rules
-first, and a tool no rule names is denied, so an unattended agent fails
-closed. SIGINT and SIGTERM cancel the run and still wait for its summary.
+``busd.run.finished``. Its ``--deny``/``--allow`` tool-name globs
+(:class:`ToolRules`: deny rules first, and a tool no rule names is denied,
+so an unattended agent fails closed) travel with ``start_run`` as the run's
+permission rules: the daemon decides every request by them before any
+frontend is asked, so an attached frontend that allows everything cannot
+win a race against ``--deny``. It still answers each request it sees from
+the same rules, for a daemon of an older busd that ignores the run's rules
+(with a current one that answer is ``already_resolved`` and says nothing).
+SIGINT and SIGTERM cancel the run and still wait for its summary.
 
 The pure parts (rules, option picking, exit codes, rendering) take no I/O
 and are tested on their own; the Trio shell is :func:`run_headless`.
@@ -49,6 +54,7 @@ from ..core.events import (
     ToolComplete,
     ToolStart,
 )
+from ..core.permissions import PermissionRule
 from ..wire.address import EndpointError, resolve_socket_path
 from .humanize import format_tokens, format_took, format_who, summary_line
 from .local import StartLocal
@@ -144,6 +150,17 @@ class ToolRules(msgspec.Struct, frozen=True, kw_only=True):
             if fnmatch.fnmatchcase(tool, pattern):
                 return Verdict(True, f"--allow {pattern}")
         return Verdict(False, f"no --allow rule matches {tool}: busd run fails closed")
+
+    def permission_rules(self) -> tuple[PermissionRule, ...]:
+        """The same decisions as daemon rules, for ``start_run``: they bind the run.
+
+        Deny globs, then allow globs, then a rule that denies the rest (fail closed).
+        """
+        return (
+            *(PermissionRule(action="deny", tool=p, reason=f"--deny {p}") for p in self.deny),
+            *(PermissionRule(action="allow", tool=p, reason=f"--allow {p}") for p in self.allow),
+            PermissionRule(action="deny", reason="no --allow rule matches: busd run fails closed"),
+        )
 
 
 def reply_for(request: PermissionRequested, allowed: bool) -> tuple[str | None, bool | None]:
@@ -467,6 +484,7 @@ class _Follower:
                 cwd=spec.cwd,
                 max_turns=spec.max_turns,
                 options=spec.options,
+                permission_rules=spec.rules.permission_rules(),
             )
         except RequestFailed as exc:
             self.refused = exc
@@ -519,6 +537,7 @@ class _Follower:
         self.out("".join(chunks))
 
     async def _answer(self, request: PermissionRequested) -> None:
+        """Answer from the rules, for a daemon that ignored them (see the module docstring)."""
         verdict = self.spec.rules.decide(request.tool)
         option_id, allow = reply_for(request, verdict.allowed)
         try:

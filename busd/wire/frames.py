@@ -22,6 +22,7 @@ import msgspec
 
 from ..core.errors import BusdError
 from ..core.events import Event, PermissionOption
+from ..core.permissions import PermissionRule
 
 __all__ = [
     "ALREADY_RESOLVED",
@@ -341,6 +342,7 @@ class StartRun(Command, frozen=True, tag="start_run"):
 
     ``driver`` defaults to the driver named like ``adapter``; ``replay`` plays
     a recording of that adapter's SDK instead (docs/runs.md).
+    ``permission_rules`` bind the run's requests before any frontend is asked.
     """
 
     adapter: str
@@ -355,6 +357,10 @@ class StartRun(Command, frozen=True, tag="start_run"):
     options: dict[str, Any] = {}
     request_id: str | None = None
     """The frontend's own id for the run, echoed on every ``busd.run.*`` event of it."""
+    permission_rules: tuple[PermissionRule, ...] = ()
+    """The starter's rules for this run's permission requests, first match wins; checked
+    after plugin policy and the daemon's rules, before any frontend is asked. A rule
+    that decides is published with ``by`` the starter's identity and its ``reason``."""
 
 
 class CancelRun(Command, frozen=True, tag="cancel_run"):
