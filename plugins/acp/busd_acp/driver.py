@@ -9,36 +9,30 @@ when the prompt is answered. Examples of ``command``: ``["opencode", "acp"]``,
 ``["gemini", "--experimental-acp"]``, ``["goose", "acp"]``,
 ``["claude-agent-acp"]`` (npm ``@agentclientprotocol/claude-agent-acp``).
 
-**The bridge.** The SDK is asyncio-only, so the conversation runs in a worker
-thread of its own (``trio.to_thread.run_sync`` around ``asyncio.run``); the
-run's Trio task is the other end. Every JSON-RPC message the SDK's
-connection sends or receives (its stream observer: incoming messages as
-they are read, outgoing ones as soon as they are written, before a reply
-can be read, so in wire order) crosses to Trio through
-``TrioToken.run_sync_soon`` into a memory channel, and the Trio task feeds
-it, in that order, as the dict that crossed the wire: the adapter sees both
-directions exactly as an ``acp`` ingest would.
-A ``session/request_permission`` becomes a :class:`PermissionRequested`
-(``request_id`` ``"acp-<JSON-RPC id>"``, built by a private
-:class:`AcpTranslator` over the same stream, so it is the event the adapter
-published, tool name and input included) that a Trio child task takes to
-:meth:`RunContext.request_permission`; the answer goes back with
-``loop.call_soon_threadsafe`` as the offered option of the right kind (the
-one the decision names, else ``*_once`` before ``*_always``), or ACP's
-``cancelled`` outcome. Requests are asked concurrently, and events keep
-flowing while one waits.
+**The bridge.** The SDK is asyncio-only, so the conversation runs in a worker thread of its
+own (``trio.to_thread.run_sync`` around ``asyncio.run``); the run's Trio task is the other
+end. Every JSON-RPC message the SDK's connection sends or receives (its stream observer:
+incoming messages as they are read, outgoing ones as soon as they are written, before a
+reply can be read, so in wire order) crosses to Trio through ``TrioToken.run_sync_soon``
+into a memory channel, and the Trio task feeds it, in that order, as the dict that crossed
+the wire: the adapter sees both directions exactly as an ``acp`` ingest would.
+A ``session/request_permission`` becomes a :class:`PermissionRequested` (``request_id``
+``"acp-<JSON-RPC id>"``, built by a private :class:`AcpTranslator` over the same stream, so
+it is the event the adapter published, tool name and input included) that a Trio child task
+takes to :meth:`RunContext.request_permission`; the answer goes back with
+``loop.call_soon_threadsafe`` as the offered option of the right kind (the one the decision
+names, else ``*_once`` before ``*_always``), or ACP's ``cancelled`` outcome. Requests are
+asked concurrently, and events keep flowing while one waits.
 
-**Cancellation.** When Trio cancels :meth:`AcpDriver.run`, the agent is
-stopped the way ACP prescribes: ``session/cancel``, then every pending
-permission request answered ``cancelled``, then up to ``cancel_timeout``
-seconds for the prompt's answer (``stopReason: "cancelled"``), which is
-still fed. Then, as after any run, its stdin is closed and it has
-``shutdown_timeout`` seconds to exit before ``terminate``, then ``kill``
-(one that ignored ``session/cancel`` is terminated at once), and so has what
-is left of its process group. Meanwhile the Trio task keeps feeding,
-shielded, for a bounded time, and re-raises ``Cancelled`` once the thread is
-done. Before the prompt is sent, cancellation just ends the conversation.
-Its stderr is drained (never blocking it); its end goes into errors.
+**Cancellation.** When Trio cancels :meth:`AcpDriver.run`, the agent is stopped the way ACP
+prescribes: ``session/cancel``, then every pending permission request answered
+``cancelled``, then up to ``cancel_timeout`` seconds for the prompt's answer (``stopReason:
+"cancelled"``), which is still fed. Then, as after any run, its stdin is closed and it has
+``shutdown_timeout`` seconds to exit before ``terminate``, then ``kill`` (one that ignored
+``session/cancel`` is terminated at once), and so has what is left of its process group.
+Meanwhile the Trio task keeps feeding, shielded, for a bounded time, and re-raises
+``Cancelled`` once the thread is done. Before the prompt is sent, cancellation just ends the
+conversation. Its stderr is drained (never blocking it); its end goes into errors.
 
 What a :class:`~busd.RunRequest` means here:
 
@@ -126,6 +120,7 @@ logger = logging.getLogger("busd.acp")
 
 _CANCELLED: Final = PermissionDecision(outcome="cancelled", by="busd", reason="the run stopped")
 _STDERR_TAIL: Final = 2048  # bytes of the agent's stderr kept for an early exit's error
+_EXAMPLE: Final = """give --option 'command=["opencode","acp"]' (the program and its arguments)"""
 
 
 class AcpOptionsError(BusdError, ValueError):
@@ -152,6 +147,10 @@ class AcpOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 def parse_options(options: Mapping[str, Any]) -> AcpOptions:
     """``RunRequest.options`` checked, or :class:`AcpOptionsError` saying what is wrong."""
+    command = options.get("command")
+    if not isinstance(command, list) or not command:
+        said = "no command" if command is None else f"command {command!r} is not a JSON list"
+        raise AcpOptionsError(f"the acp driver needs the agent's argv: {said}; {_EXAMPLE}")
     try:
         return msgspec.convert(dict(options), AcpOptions)
     except msgspec.ValidationError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, TypeVar
@@ -384,6 +385,41 @@ async def test_bad_options_are_refused_before_the_agent_starts(
     bad = RunRequest(adapter="acp", prompt="hi", session_id="s1", options=options)
     with pytest.raises(AcpOptionsError, match=complaint):
         await AcpDriver().run(ScriptedContext(bad, []))
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ((), "no command"),
+        (("--option", "command=opencode"), "command 'opencode' is not a JSON list"),
+    ],
+)
+def test_busd_run_without_a_command_says_how_to_give_one(
+    tmp_path: Path, given: tuple[str, ...], said: str
+) -> None:
+    """As the user sees it: one line on stderr, exit 1, the same words as the run's error."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BUSD_SOCKET": str(tmp_path / "x")}
+    busd = Path(sys.executable).with_name("busd")
+    done = subprocess.run(
+        [str(busd), "run", "--json", "--adapter", "acp", *given, "hi"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    events = [json.loads(line)["event"] for line in done.stdout.splitlines()]
+    (error,) = [e["error"] for e in events if e["type"] == "busd.run.finished"]
+    assert error == (
+        f"AcpOptionsError: the acp driver needs the agent's argv: {said}; "
+        """give --option 'command=["opencode","acp"]' (the program and its arguments)"""
+    )
+    assert done.returncode == 1
+    assert [x for x in done.stderr.splitlines() if x.startswith("busd: error:")] == [
+        f"busd: error: {error}"
+    ]
+    assert "Traceback" not in done.stderr
 
 
 # -- what reaches the agent -------------------------------------------------------------------

@@ -30,8 +30,11 @@ What a :class:`~busd.RunRequest` means here:
   default :data:`DEFAULT_MAX_TOKENS`; ``thinking``, ``tools``,
   ``temperature``, ...).
 
-Errors are the SDK's own exceptions. An ``error`` event in the stream, which
-the SDK raises as ``APIStatusError``, is fed first (so the run's events say
+Errors are the SDK's own exceptions, except two that say what to do
+(:class:`AnthropicRunError`): the SDK is not installed (:data:`NO_SDK`), or
+no credentials were found (:data:`NO_KEY`; the SDK raises a ``TypeError``).
+An ``error`` event in the stream, which the SDK raises as
+``APIStatusError``, is fed first (so the run's events say
 why it ended); a stream that ends without ``message_stop`` raises
 :class:`StreamIncomplete`. Cancellation closes the HTTP response and the
 client (the API's only abort), shielded and bounded.
@@ -56,7 +59,10 @@ __all__ = [
     "CLIENT_OPTIONS",
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_MODEL",
+    "NO_KEY",
+    "NO_SDK",
     "AnthropicDriver",
+    "AnthropicRunError",
     "StreamIncomplete",
     "call_arguments",
 ]
@@ -70,9 +76,19 @@ CLIENT_OPTIONS: Final = frozenset(
 )
 """``options`` keys that configure ``AsyncAnthropic`` rather than the call."""
 
+NO_SDK: Final = "the anthropic driver needs the Anthropic SDK: pip install 'busd-anthropic[driver]'"
+NO_KEY: Final = (
+    "no Anthropic credentials: set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN), "
+    "or pass --option api_key=KEY"
+)
+
 _CLOSE_TIMEOUT: Final = 2.0
 
 logger = logging.getLogger("busd.anthropic")
+
+
+class AnthropicRunError(BusdError, RuntimeError):
+    """The driver cannot start: its SDK is missing, or no credentials are set."""
 
 
 class StreamIncomplete(BusdError, RuntimeError):
@@ -86,7 +102,10 @@ class AnthropicDriver:
     default_model = DEFAULT_MODEL
 
     async def run(self, context: RunContext) -> None:
-        from anthropic import APIStatusError, AsyncAnthropic
+        try:
+            from anthropic import APIStatusError, AsyncAnthropic
+        except ImportError as exc:
+            raise AnthropicRunError(NO_SDK) from exc
 
         client_options, params = call_arguments(context.request)
         count = bool(params.pop("count_tokens", False))
@@ -110,6 +129,10 @@ class AnthropicDriver:
                 await _shielded(stream.close)
             if not stopped:
                 raise StreamIncomplete("the Messages API stream ended before message_stop")
+        except TypeError as exc:  # the SDK's only way of saying "no credentials"
+            if "authentication method" not in str(exc):
+                raise
+            raise AnthropicRunError(NO_KEY) from exc
         finally:
             await _shielded(client.close)
 

@@ -50,6 +50,16 @@ Request fields:
   only: the prompt and the stream never time out on reads (a silent agent
   is the daemon's watchdog's business).
 
+No server: when nothing answers the run's first request (the ``/event``
+subscription, not retried), the driver starts ``opencode serve`` itself on a
+free localhost port, in ``cwd`` with the daemon's environment (so the
+project's and the user's OpenCode config apply), runs the prompt on it and
+stops it (its whole process group) when the run ends or is cancelled; see
+:mod:`busd_opencode._serve`. Options: ``start_server`` (default true;
+``false`` fails the run instead, naming the URL tried) and ``opencode_path``
+(else ``$BUSD_OPENCODE_PATH``, else ``opencode`` on ``PATH``). A missing SDK
+or an unreachable server fails with an error that says what to do.
+
 Cancellation: Trio cancellation of :meth:`OpenCodeDriver.run` after the
 prompt was sent aborts the session (``POST /session/{id}/abort``, shielded,
 at most 2 s); the stream and the HTTP client are closed on the way out.
@@ -58,6 +68,7 @@ at most 2 s); the stream and the HTTP client are closed on the way out.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -74,6 +85,7 @@ from busd import (
     RunRequest,
 )
 
+from ._serve import find_opencode, serving, unreachable
 from ._wire import field, ident, mapping, session_of
 from .translator import OpenCodeTranslator
 
@@ -97,12 +109,20 @@ _CLIENT_KEYS: Final = frozenset(
     {"base_url", "timeout", "max_retries", "default_headers", "default_query"}
 )
 _CHAT_KEYS: Final = frozenset({"mode", "tools", "message_id"})
+_SERVER_KEYS: Final = frozenset({"start_server", "opencode_path"})
+DEFAULT_URL: Final = "http://localhost:54321"
+"""The SDK's base URL when neither the option nor ``$OPENCODE_BASE_URL`` gives one."""
+NO_SDK: Final = "the opencode driver needs the OpenCode SDK: pip install 'busd-opencode[driver]'"
 _EDITS: Final = frozenset({"edit", "write"})
 _MODES: Final = frozenset({"default", "acceptEdits", "bypassPermissions", "plan"})
 
 
 class OpenCodeRunError(BusdError, RuntimeError):
     """The OpenCode session reported an error, or its event stream ended mid-run."""
+
+
+class _Unreachable(Exception):
+    """Nothing answered the run's first request: no server there, so far as the run knows."""
 
 
 class UnsupportedOption(BusdError, ValueError):
@@ -124,6 +144,10 @@ class RunPlan:
     """``session.chat`` keyword arguments (besides id, model and parts)."""
     auto_allow: frozenset[str] | None
     """Permission categories answered ``once`` without asking; ``None`` means all of them."""
+    start_server: bool = True
+    """Start ``opencode serve`` when nothing answers at the base URL."""
+    opencode_path: str | None = None
+    """The ``opencode`` binary to start (else ``$BUSD_OPENCODE_PATH``, else ``PATH``)."""
 
 
 def split_model(name: str) -> tuple[str, str]:
@@ -146,8 +170,11 @@ def plan_run(request: RunRequest, default_model: str = DEFAULT_MODEL) -> RunPlan
     body: dict[str, Any] = {"model": {"providerID": provider, "modelID": model}}
     if mode == "plan":
         chat["mode"] = body["agent"] = "plan"
+    server: dict[str, Any] = {}
     for key, value in request.options.items():
-        if key in _CLIENT_KEYS:
+        if key in _SERVER_KEYS:
+            server[key] = value
+        elif key in _CLIENT_KEYS:
             client[key] = value
         elif key in _CHAT_KEYS:
             chat[key] = value
@@ -163,7 +190,19 @@ def plan_run(request: RunRequest, default_model: str = DEFAULT_MODEL) -> RunPlan
         auto = None
     elif mode == "acceptEdits":
         auto = _EDITS
-    return RunPlan(provider=provider, model=model, client=client, chat=chat, auto_allow=auto)
+    start = server.get("start_server", True)
+    path = server.get("opencode_path")
+    if not isinstance(start, bool) or not (path is None or isinstance(path, str)):
+        raise UnsupportedOption("start_server is true or false, opencode_path a path")
+    return RunPlan(
+        provider=provider,
+        model=model,
+        client=client,
+        chat=chat,
+        auto_allow=auto,
+        start_server=start,
+        opencode_path=path,
+    )
 
 
 def reply_for(decision: PermissionDecision) -> str:
@@ -183,19 +222,41 @@ class OpenCodeDriver:
     default_model = DEFAULT_MODEL
 
     async def run(self, context: RunContext) -> None:
-        import httpx
-        import opencode_ai
+        try:
+            import httpx
+            import opencode_ai
+        except ImportError as exc:
+            raise OpenCodeRunError(NO_SDK) from exc
 
         plan = plan_run(context.request, self.default_model)
+        url = plan.client.get("base_url") or os.environ.get("OPENCODE_BASE_URL") or DEFAULT_URL
+        try:
+            try:
+                await self._run(context, plan, str(url), httpx, opencode_ai)
+            except _Unreachable:
+                binary = find_opencode(plan.opencode_path, os.environ)
+                if not plan.start_server or binary is None:
+                    raise unreachable(str(url), start_server=plan.start_server) from None
+                async with serving(binary, cwd=context.request.cwd) as url:
+                    await self._run(context, plan, url, httpx, opencode_ai)
+        except opencode_ai.APIConnectionError as exc:
+            raise OpenCodeRunError(f"the OpenCode server at {url} stopped answering") from exc
+
+    async def _run(
+        self, context: RunContext, plan: RunPlan, url: str, httpx: Any, opencode_ai: Any
+    ) -> None:
         unbounded = httpx.Timeout(None, connect=CONNECT_TIMEOUT)
-        async with opencode_ai.AsyncOpencode(**plan.client) as client:
-            stream = await client.get(
-                "/event",
-                cast_to=object,  # raw payloads: the SDK's models are an older generation
-                options={"timeout": unbounded},
-                stream=True,
-                stream_cls=opencode_ai.AsyncStream[object],
-            )
+        async with opencode_ai.AsyncOpencode(**{**plan.client, "base_url": url}) as client:
+            try:
+                stream = await client.get(
+                    "/event",
+                    cast_to=object,  # raw payloads: the SDK's models are an older generation
+                    options={"timeout": unbounded, "max_retries": 0},
+                    stream=True,
+                    stream_cls=opencode_ai.AsyncStream[object],
+                )
+            except opencode_ai.APIConnectionError as exc:
+                raise _Unreachable from exc
             raws = cast(AsyncGenerator[object, None], aiter(stream))
             async with stream, aclosing(raws):
                 if await anext(raws, None) is None:
