@@ -571,3 +571,17 @@ async def test_busd_run_says_when_its_answer_was_refused() -> None:
     await follower._answer(PermissionRequested(request_id="run-1/p", tool="Write"))
     said = "unknown_request: no pending permission 'run-1/p'"
     assert errors == [f"busd: could not answer run-1/p: {said}\n"]
+
+
+def test_busd_run_into_a_reader_that_stops_early_finishes_without_a_traceback() -> None:
+    """`busd run ... | head`: the pipe breaks; the run still ends ok, quietly."""
+    argv = [*BUSD, "run", "--adapter", "claude-code", "--driver", "replay", "--allow", "*"]
+    argv += ["--option", "recording=claude_code", "--option", "speed=1000", "--json", "hi"]
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout is not None
+    run.stdout.read(10)  # the first few bytes, then the reader goes away
+    run.stdout.close()
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 0, stderr
+    assert b"Traceback" not in stderr
+    assert b"BrokenPipe" not in stderr

@@ -99,6 +99,7 @@ def run_command(
     """
     from ..daemon.embedded import serve_private
     from ..frontends.headless import HeadlessRun, ToolRules, parse_option, run_headless
+    from ..frontends.watch import silence
 
     logging.basicConfig(level=log_level.upper(), format="busd: %(name)s: %(message)s")
     parsed: dict[str, Any] = {}
@@ -126,10 +127,18 @@ def run_command(
     )
     pretty = fmt == "pretty" or (fmt is None and sys.stdout.isatty())
     out, err = sys.stdout, sys.stderr
+    reading = True
 
     def write(text: str) -> None:
-        out.write(text)
-        out.flush()
+        nonlocal reading
+        if not reading:
+            return
+        try:
+            out.write(text)
+            out.flush()
+        except BrokenPipeError:  # `busd run ... | head`: the reader has had enough; the run goes on
+            reading = False
+            silence(out)
 
     def note(text: str) -> None:
         err.write(text)

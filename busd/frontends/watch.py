@@ -54,6 +54,7 @@ __all__ = [
     "default_name",
     "help_for",
     "parse_keys",
+    "silence",
     "watch",
 ]
 
@@ -489,7 +490,7 @@ async def _plain(watcher: _Watcher, stream: TextIO) -> None:
                 stream.write("".join(f"{line}\n" for line in lines))
                 stream.flush()
             except BrokenPipeError:  # `busd watch --plain | head`: the reader has had enough
-                _silence(stream)
+                silence(stream)
                 done.cancel()
 
     def fold(envelopes: list[Envelope[Event]]) -> set[str]:
@@ -529,7 +530,7 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _silence(stream: TextIO) -> None:
+def silence(stream: TextIO) -> None:
     """After a broken pipe, send what is still buffered nowhere (no error at exit)."""
     with contextlib.suppress(OSError, ValueError):  # not a real file: nothing to silence
         devnull = os.open(os.devnull, os.O_WRONLY)
