@@ -428,7 +428,8 @@ class BatchDispatcher:
         self._events_sent += size
         if size > self._largest_batch:
             self._largest_batch = size
-        self._progress.unpark_all()
+        if self._progress:  # someone flushes: the common case has nobody to wake
+            self._progress.unpark_all()
 
     async def flush(self) -> None:
         """Deliver everything added so far, window or not; return once ``send`` returned.

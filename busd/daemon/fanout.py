@@ -249,12 +249,16 @@ class Fanout:
         """Pass whenever events come in or a window ends, until cancelled."""
         task_status.started()
         while True:
-            with trio.move_on_at(self._sleeping_until):
-                await self._wakeup.wait()
+            if self._sleeping_until == math.inf:
+                await self._wakeup.wait()  # no window to wait for: no cancel scope either
+            else:
+                with trio.move_on_at(self._sleeping_until):
+                    await self._wakeup.wait()
             self._wakeup = trio.Event()
             self._sleeping_until = math.inf
             self._woken += 1
-            self._pending = True  # a window that ended has events waiting
+            # Nothing pending: a publisher's settle() took it all before we ran (a
+            # window that ends leaves _pending set, as does anything appended since).
             self._in_task = True
             try:
                 self.flush_nowait()
