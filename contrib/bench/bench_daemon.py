@@ -189,6 +189,7 @@ async def busd_run(
                     await trio.lowlevel.checkpoint()
             daemon.settle()  # as a connection does before it reads on
             queued.clear()
+            await trio.lowlevel.checkpoint()  # its next read: the other tasks run
         for sub in subs:
             await daemon.fanout.flush(sub)
         if journal is not None:
@@ -270,6 +271,12 @@ def main() -> None:
         "--subscribers", type=int, nargs="+", default=list(DEFAULT_SUBSCRIBERS), metavar="N"
     )
     parser.add_argument("--window-ms", type=float, default=16)
+    parser.add_argument(
+        "--per-frame",
+        type=int,
+        default=PER_FRAME,
+        help="events per publish frame (1 to 5 with --window-ms 0: the steady-rate case)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the best counts")
     journal = parser.add_mutually_exclusive_group()
     journal.add_argument(
@@ -293,8 +300,8 @@ def main() -> None:
         STUBS[name]()
     modes: list[str] = args.modes or list(MODES)
     counts = sorted(set(args.subscribers))
-    if args.events < 1 or args.repeat < 1 or counts[0] < 1:
-        parser.error("--events, --repeat and every --subscribers count must be at least 1")
+    if args.events < 1 or args.repeat < 1 or counts[0] < 1 or args.per_frame < 1:
+        parser.error("--events, --repeat, --per-frame and every --subscribers count must be at least 1")
     began = time.monotonic()
     load_before = os.getloadavg()[0]
     figures = measure(args, modes, counts)
@@ -330,7 +337,7 @@ class Figures:
         counts = self.counts
         return {
             "events": args.events,
-            "per_frame": PER_FRAME,
+            "per_frame": args.per_frame,
             "window_ms": args.window_ms,
             "repeat": args.repeat,
             "python": platform.python_version(),
@@ -358,14 +365,14 @@ class Figures:
 
 def measure(args: argparse.Namespace, modes: list[str], counts: list[int]) -> Figures:
     """Interleaved rounds: each count, each mode, then the floor, ``--repeat`` times."""
-    frames = make_frames(args.events, PER_FRAME)
+    frames = make_frames(args.events, args.per_frame)
     window = args.window_ms / 1000
     figures = Figures(modes, counts)
     figures.rounds = {m: {n: [] for n in counts} for m in modes}
     figures.floor = {n: [] for n in counts}
     figures.runs = {m: {} for m in modes}
     warm = min(args.events, 20_000)  # imports, caches, the allocator: not measured
-    run_busd(make_frames(warm, PER_FRAME), counts[0], window, "off", warm)
+    run_busd(make_frames(warm, args.per_frame), counts[0], window, "off", warm)
     profiler = cProfile.Profile() if args.profile else None
     for round_number in range(1, args.repeat + 1):
         for n in counts:
@@ -396,7 +403,7 @@ def report(args: argparse.Namespace, figures: Figures) -> str:
     modes, counts = figures.modes, figures.counts
     base = counts[0]
     lines = [
-        f"\n{args.events:,} stream.text.delta events in publish frames of {PER_FRAME}, "
+        f"\n{args.events:,} stream.text.delta events in publish frames of {args.per_frame}, "
         f"window {args.window_ms:g} ms, raw deltas; best of {args.repeat} interleaved "
         f"round{'s' if args.repeat != 1 else ''}; Python {platform.python_version()}, "
         f"{os.cpu_count()} cores; {figures.seconds:.0f} s in all; load average "
