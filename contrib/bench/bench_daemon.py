@@ -301,7 +301,7 @@ def main() -> None:
     modes: list[str] = args.modes or list(MODES)
     counts = sorted(set(args.subscribers))
     if args.events < 1 or args.repeat < 1 or counts[0] < 1 or args.per_frame < 1:
-        parser.error("--events, --repeat, --per-frame and every --subscribers count must be at least 1")
+        parser.error("--events, --repeat, --per-frame and --subscribers counts must be at least 1")
     began = time.monotonic()
     load_before = os.getloadavg()[0]
     figures = measure(args, modes, counts)
