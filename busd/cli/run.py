@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -52,6 +53,13 @@ from ._common import fail, resolve_socket, run_client, socket_option
 )
 @click.option("--max-turns", type=click.IntRange(1), default=None, help="Stop after N turns.")
 @click.option(
+    "--no-env",
+    "send_env",
+    flag_value=False,
+    default=True,
+    help="Run the agent with the daemon's environment, not this shell's.",
+)
+@click.option(
     "--option",
     "options",
     multiple=True,
@@ -84,6 +92,7 @@ def run_command(
     system_prompt: str | None,
     cwd: str,
     max_turns: int | None,
+    send_env: bool,
     options: tuple[str, ...],
     watchdog: float | None,
     log_level: str,
@@ -91,6 +100,8 @@ def run_command(
     """Run PROMPT with an agent and exit with its outcome (`-`: read the prompt from stdin).
 
     Uses the daemon at the socket, or starts one in-process for this run.
+    Either way the agent runs in --cwd with this shell's environment
+    (API keys, CLI paths), unless --no-env.
     Permission requests are decided by --deny, then --allow; a tool no rule
     matches is denied. The rules travel with the run: the daemon applies
     them after its own rules and before any attached frontend is asked.
@@ -121,6 +132,7 @@ def run_command(
         cwd=cwd,
         max_turns=max_turns,
         options=parsed,
+        env=dict(os.environ) if send_env else None,
         rules=ToolRules(allow=allow, deny=deny),
         watchdog=watchdog,
         socket_path=None if socket_path is None else str(socket_path),

@@ -6,7 +6,7 @@ import itertools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal
@@ -518,6 +518,7 @@ class Client:
         driver: str | None = None,
         request_id: str | None = None,
         permission_rules: Sequence[PermissionRule] = (),
+        env: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         """Start a run; returns ``{"run_id", "session_id"}`` at once, events follow.
 
@@ -526,7 +527,9 @@ class Client:
         ``request_id`` is an id of the caller's choosing that every
         ``busd.run.*`` event of the run repeats. ``permission_rules`` decide
         the run's permission requests in this client's name, after the
-        daemon's policy and rules and before any frontend is asked.
+        daemon's policy and rules and before any frontend is asked. ``env``
+        is the agent's whole environment (``busd run`` sends its own,
+        ``dict(os.environ)``); without it the agent gets the daemon's.
         """
         result: dict[str, str] = await self.request(
             StartRun(
@@ -542,6 +545,7 @@ class Client:
                 options=options or {},
                 request_id=request_id,
                 permission_rules=tuple(permission_rules),
+                env=None if env is None else dict(env),
             )
         )
         return result

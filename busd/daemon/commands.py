@@ -73,6 +73,7 @@ def answer(daemon: Daemon, command: object, *, by: str) -> Any:
                     driver=command.driver,
                     request_id=command.request_id,
                     permission_rules=command.permission_rules,
+                    env=command.env,
                 )
             except RunRejected as exc:
                 raise Failed(exc.code, str(exc)) from None

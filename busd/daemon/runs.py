@@ -211,6 +211,7 @@ class RunManager:
         options: dict[str, Any] | None = None,
         driver: str | None = None,
         permission_rules: Sequence[PermissionRule] = (),
+        env: Mapping[str, str] | None = None,
     ) -> RunState:
         """Validate and launch a run; returns at once (events follow on the bus).
 
@@ -258,6 +259,7 @@ class RunManager:
             permission_mode=permission_mode,
             max_turns=max_turns,
             options=options or {},
+            env=None if env is None else dict(env),
         )
         now = trio.current_time()
         snapshot = self.daemon.sessions.snapshot(session)
@@ -361,9 +363,11 @@ class RunManager:
                     await state.driver.run(context)
                     state.status = "cancelled" if state.cancelled_by else "ok"
                 except Exception as exc:  # the agent failed; the daemon carries on
-                    logger.warning("run %s failed: %s", state.run_id, exc, exc_info=exc)
+                    error = failure(exc)
+                    # One line: the run's own events say why; the traceback is for debugging.
+                    logger.warning("run %s failed: %s", state.run_id, error.partition("\n")[0])
+                    logger.debug("run %s failed", state.run_id, exc_info=exc)
                     state.status = "error"
-                    error = f"{type(exc).__name__}: {exc}"
                 nursery.cancel_scope.cancel()
         if state.status == "running":
             state.status = "cancelled"
@@ -516,3 +520,10 @@ def _minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:
         cache_write_tokens=max(0, after.cache_write_tokens - before.cache_write_tokens),
         cost_usd=cost,
     )
+
+
+def failure(exc: BaseException) -> str:
+    """``Type: message`` of why a run failed, through groups of one (a driver's nursery)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"

@@ -368,6 +368,8 @@ class HeadlessRun(msgspec.Struct, frozen=True, kw_only=True):
     cwd: str | None = None
     max_turns: int | None = None
     options: dict[str, Any] = {}
+    env: dict[str, str] | None = None
+    """The agent's environment (``busd run``'s own); ``None``: the daemon's."""
     rules: ToolRules = ToolRules()
     watchdog: float | None = None
     """For the in-process daemon only; a running daemon keeps its own."""
@@ -485,6 +487,7 @@ class _Follower:
                 max_turns=spec.max_turns,
                 options=spec.options,
                 permission_rules=spec.rules.permission_rules(),
+                env=spec.env,
             )
         except RequestFailed as exc:
             self.refused = exc

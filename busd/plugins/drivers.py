@@ -19,6 +19,8 @@ docstring.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -45,6 +47,17 @@ class RunRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     max_turns: int | None = None
     options: dict[str, Any] = {}
     """Passed through to the SDK as they are (driver-specific keys)."""
+    env: dict[str, str] | None = None
+    """The starter's environment, the agent's whole environment (``None``: the daemon's).
+
+    A driver reads the agent's variables (API keys, CLI paths) from
+    :meth:`environ` and hands it to the process or SDK client it starts, so a
+    run behaves as if its starter ran the agent. Never publish or log it.
+    """
+
+    def environ(self) -> Mapping[str, str]:
+        """The environment the agent gets: :attr:`env`, else the daemon's own."""
+        return os.environ if self.env is None else self.env
 
 
 @runtime_checkable

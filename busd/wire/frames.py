@@ -361,6 +361,9 @@ class StartRun(Command, frozen=True, tag="start_run"):
     """The starter's rules for this run's permission requests, first match wins; checked
     after plugin policy and the daemon's rules, before any frontend is asked. A rule
     that decides is published with ``by`` the starter's identity and its ``reason``."""
+    env: dict[str, str] | None = None
+    """The environment the agent runs with: the whole of it, not added to the daemon's
+    (``busd run`` sends its own). ``None``: the daemon's. Never published or logged."""
 
 
 class CancelRun(Command, frozen=True, tag="cancel_run"):

@@ -55,9 +55,10 @@ What a :class:`~busd.RunRequest` means here:
   new agent process; an agent without ``loadSession`` fails the run. The
   history the agent replays while loading is not fed: the bus saw it when
   it happened.
+- ``env``: the agent's (its starter's); without it, the SDK's trimmed copy
+  of the daemon's: ``HOME``, ``PATH``, ``USER``, ``LOGNAME``, ``SHELL``, ``TERM``.
 - ``options`` (see :class:`AcpOptions`): ``command`` (required), ``env``
-  (added to the SDK's trimmed environment: ``HOME``, ``PATH``, ``USER``,
-  ``LOGNAME``, ``SHELL``, ``TERM``; pass API keys here), ``mcp_servers``
+  (added over that environment; pass API keys here), ``mcp_servers``
   (ACP ``McpServer`` objects, wire shape), ``additional_directories``,
   ``session_meta`` (``_meta`` of the session request), ``fs`` (answer
   ``fs/read_text_file`` and ``fs/write_text_file``, default true),
@@ -388,6 +389,7 @@ class _AgentSide:
                             command,
                             *args,
                             env=self.options.env,
+                            base_env=self.request.env,
                             cwd=self.cwd,
                             shutdown_timeout=self.options.shutdown_timeout,
                             observers=[self._observe],

@@ -47,8 +47,13 @@ async def spawn_agent(
     cwd: str | None,
     shutdown_timeout: float,
     observers: Sequence[StreamObserver] = (),
+    base_env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[tuple[ClientSideConnection, aio_subprocess.Process]]:
-    """The agent as a process group of its own, and an ACP connection to it."""
+    """The agent as a process group of its own, and an ACP connection to it.
+
+    Its environment is ``env`` over ``base_env`` (the run's starter's, whole),
+    or over the SDK's trimmed copy of the daemon's when there is none.
+    """
     from acp.client.connection import ClientSideConnection
     from acp.transports import default_environment
 
@@ -58,7 +63,7 @@ async def spawn_agent(
         stdin=aio_subprocess.PIPE,
         stdout=aio_subprocess.PIPE,
         stderr=aio_subprocess.PIPE,
-        env={**default_environment(), **(env or {})},
+        env={**(default_environment() if base_env is None else base_env), **(env or {})},
         cwd=cwd,
         start_new_session=True,
     )

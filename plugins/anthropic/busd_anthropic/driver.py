@@ -20,8 +20,10 @@ What a :class:`~busd.RunRequest` means here:
   turns go in ``options["messages"]``, and the prompt is appended to them as
   the last user message.
 - ``options``: ``api_key``, ``auth_token``, ``base_url``, ``max_retries`` and
-  ``default_headers`` configure the client (without them the SDK reads
-  ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL`` and the rest itself);
+  ``default_headers`` configure the client (without them
+  ``ANTHROPIC_API_KEY`` or ``ANTHROPIC_AUTH_TOKEN``, and then
+  ``ANTHROPIC_BASE_URL``, come from the run's environment, ``request.env``,
+  its starter's; else the SDK reads the daemon's, and its profiles);
   ``count_tokens: true`` counts the request's input with
   ``/v1/messages/count_tokens`` before the call and publishes the count as
   ``stream.session.context``, so the context figure shown while the call runs
@@ -56,6 +58,7 @@ import trio
 from busd import BusdError, RunContext, RunRequest, SessionContext
 
 __all__ = [
+    "API_URL",
     "CLIENT_OPTIONS",
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_MODEL",
@@ -68,6 +71,8 @@ __all__ = [
 ]
 
 DEFAULT_MODEL: Final = "claude-sonnet-4-6"
+API_URL: Final = "https://api.anthropic.com"
+"""The SDK's own default, used when the run's environment names no other."""
 DEFAULT_MAX_TOKENS: Final = 4096
 """``max_tokens`` is required by the API; this is sent when ``options`` has none."""
 
@@ -137,10 +142,25 @@ class AnthropicDriver:
             await _shielded(client.close)
 
 
+_CREDENTIALS: Final = (("api_key", "ANTHROPIC_API_KEY"), ("auth_token", "ANTHROPIC_AUTH_TOKEN"))
+"""Client options the SDK would read from ``os.environ``: read from the run's environment."""
+
+
 def call_arguments(request: RunRequest) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The client's keyword arguments and ``messages.create``'s, for one run request."""
+    """The client's keyword arguments and ``messages.create``'s, for one run request.
+
+    With the starter's environment (``request.env``) its key or token is the
+    client's, with its ``ANTHROPIC_BASE_URL`` (else the API's own URL, never
+    the daemon's). A starter with neither leaves credentials to the SDK,
+    which reads the daemon's environment and profiles.
+    """
     params = dict(request.options)
     client_options = {key: params.pop(key) for key in CLIENT_OPTIONS if key in params}
+    env = request.env or {}
+    found = {option: env[name] for option, name in _CREDENTIALS if env.get(name)}
+    if found and not {"api_key", "auth_token"} & client_options.keys():
+        client_options.update(found)
+        client_options.setdefault("base_url", env.get("ANTHROPIC_BASE_URL") or API_URL)
     params.pop("stream", None)
     params.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
     params["model"] = request.model or DEFAULT_MODEL

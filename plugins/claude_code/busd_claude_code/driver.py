@@ -22,6 +22,10 @@ Decisions a user should know:
   turns, resume) override them when set. Partial messages are on unless
   ``include_partial_messages`` says otherwise. ``can_use_tool`` is the
   driver's own and cannot be passed.
+- **Environment.** The run's (``request.env``, its starter's) goes to the
+  CLI as ``options["env"]`` (whose own keys win). The SDK adds it over the
+  daemon's environment and cannot remove any, so a variable the starter
+  lacks may still come from the daemon's.
 - **What is fed.** ``system`` lines are fed as the CLI wrote them
   (``SystemMessage.data``); the others are rebuilt in the ``stream-json``
   shape from the SDK's dataclasses (:func:`stream_json`), since the SDK
@@ -382,6 +386,9 @@ def agent_options(
         "resume": request.resume,
     }
     fields.update((key, value) for key, value in explicit.items() if value is not None)
+    if request.env is not None:
+        # The SDK adds these over the daemon's os.environ; it cannot remove any.
+        fields["env"] = {**request.env, **(fields.get("env") or {})}
     fields.setdefault("model", default_model)
     fields.setdefault("system_prompt", {"type": "preset", "preset": "claude_code"})
     fields.setdefault("include_partial_messages", True)

@@ -46,8 +46,11 @@ when the last allowed call asks for tools, the session is aborted and
 fields above), except ``options["send"]``: keyword arguments of
 ``CopilotSession.send`` (``attachments``, ``mode``...). Options are trusted
 input (``mcp_servers`` start programs); the CLI itself is only chosen when
-the driver is built (``cli_path``, else the SDK's ``COPILOT_CLI_PATH`` or
-bundled runtime), never per run.
+the run (``options["cli_path"]``), else when the driver is built
+(``cli_path``), else by ``COPILOT_CLI_PATH`` in the run's environment, else
+the SDK's bundled runtime. The CLI runs with the run's environment
+(``request.env``, its starter's: keys and bring-your-own-key settings
+included) under the driver's configured ``client_options["env"]``.
 
 Permission answers go back in the SDK's terms: ``approve-once``,
 ``approve-for-session`` (scoped to the request's commands, reads or writes
@@ -236,11 +239,12 @@ class _Run:
             self._loop, self._task = loop, asyncio.current_task()
         self._done = loop.create_future()
         driver = self.driver
-        path, args = _own_session(driver)
+        env = client_env(driver, self.request)
+        path, args = _own_session(driver, self.request, env)
         client = CopilotClient(
             connection=RuntimeConnection.for_stdio(path=path, args=args),
             working_directory=self.request.cwd,
-            **driver.client_options,
+            **{**driver.client_options, **({} if env is None else {"env": env})},
         )
         session: CopilotSession | None = None
         try:
@@ -386,7 +390,20 @@ class _Run:
 _SETSID: Final = "import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])"
 
 
-def _own_session(driver: CopilotDriver) -> tuple[str | None, tuple[str, ...]]:
+def client_env(driver: CopilotDriver, request: RunRequest) -> dict[str, str] | None:
+    """The CLI's environment: the run's (its starter's) under the driver's configured ``env``.
+
+    ``None`` (the daemon's) only when the client sent none and none is configured.
+    """
+    configured = driver.client_options.get("env")
+    if request.env is None:
+        return None if configured is None else dict(configured)
+    return {**request.env, **(configured or {})}
+
+
+def _own_session(
+    driver: CopilotDriver, request: RunRequest, env: Mapping[str, str] | None
+) -> tuple[str | None, tuple[str, ...]]:
     """``(path, args)`` that start the CLI leading a session (and process group) of its own.
 
     The SDK starts it in busd's process group, with no option to do
@@ -394,14 +411,26 @@ def _own_session(driver: CopilotDriver) -> tuple[str | None, tuple[str, ...]]:
     mid-turn instead of letting busd abort the turn and stop it in order.
     A Python one-liner calls ``setsid()`` and execs the CLI in its place
     (same pid, which the SDK watches). The CLI is the one the SDK would
-    pick (``cli_path``, else ``COPILOT_CLI_PATH``); with neither, the SDK's
-    own runtime starts as the SDK starts it.
+    pick: the run's ``options["cli_path"]``, else the driver's ``cli_path``, else
+    ``COPILOT_CLI_PATH`` in the CLI's environment ``env`` (the run's); with
+    none, the SDK's own runtime starts as the SDK starts it. A relative path
+    is the run's ``cwd``'s, as it would be in its starter's shell.
     """
-    env = driver.client_options.get("env")
-    cli = driver.cli_path or (env if env is not None else os.environ).get("COPILOT_CLI_PATH")
-    found = None if not cli else cli if os.path.exists(cli) else shutil.which(cli)
+    environ = os.environ if env is None else env
+    given = request.options.get("cli_path")
+    cli = (given if isinstance(given, str) else None) or driver.cli_path
+    cli = cli or environ.get("COPILOT_CLI_PATH")
+    if cli and os.sep in cli:
+        cli = os.path.join(request.cwd or os.getcwd(), cli)
+    found = (
+        None
+        if not cli
+        else cli
+        if os.path.exists(cli)
+        else shutil.which(cli, path=environ.get("PATH"))
+    )
     if found is None:
-        return driver.cli_path, driver.cli_args  # the SDK says what is missing
+        return cli or None, driver.cli_args  # the SDK says what is missing
     command = ("node", found) if found.endswith(".js") else (found,)
     return sys.executable, ("-c", _SETSID, *command, *driver.cli_args)
 
@@ -432,6 +461,7 @@ def _sdk_kwargs(request: RunRequest) -> tuple[dict[str, Any], dict[str, Any]]:
     if request.cwd is not None:
         session["working_directory"] = request.cwd
     options = dict(request.options)
+    options.pop("cli_path", None)  # the CLI to start (see _own_session), not a session option
     send = options.pop("send", None) or {}
     if not isinstance(send, Mapping):
         raise TypeError("options['send'] must be a mapping of CopilotSession.send arguments")

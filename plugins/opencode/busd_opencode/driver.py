@@ -52,8 +52,9 @@ Request fields:
 
 No server: when nothing answers the run's first request (the ``/event``
 subscription, not retried), the driver starts ``opencode serve`` itself on a
-free localhost port, in ``cwd`` with the daemon's environment (so the
-project's and the user's OpenCode config apply), runs the prompt on it and
+free localhost port, in ``cwd`` with the run's environment (its starter's,
+else the daemon's: so the project's and the user's OpenCode config and API
+keys apply; ``OPENCODE_BASE_URL`` is read from it too), runs the prompt on it and
 stops it (its whole process group) when the run ends or is cancelled; see
 :mod:`busd_opencode._serve`. Options: ``start_server`` (default true;
 ``false`` fails the run instead, naming the URL tried) and ``opencode_path``
@@ -68,7 +69,6 @@ at most 2 s); the stream and the HTTP client are closed on the way out.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -229,15 +229,16 @@ class OpenCodeDriver:
             raise OpenCodeRunError(NO_SDK) from exc
 
         plan = plan_run(context.request, self.default_model)
-        url = plan.client.get("base_url") or os.environ.get("OPENCODE_BASE_URL") or DEFAULT_URL
+        environ = context.request.environ()  # the starter's, else the daemon's
+        url = plan.client.get("base_url") or environ.get("OPENCODE_BASE_URL") or DEFAULT_URL
         try:
             try:
                 await self._run(context, plan, str(url), httpx, opencode_ai)
             except _Unreachable:
-                binary = find_opencode(plan.opencode_path, os.environ)
+                binary = find_opencode(plan.opencode_path, environ)
                 if not plan.start_server or binary is None:
                     raise unreachable(str(url), start_server=plan.start_server) from None
-                async with serving(binary, cwd=context.request.cwd) as url:
+                async with serving(binary, cwd=context.request.cwd, env=context.request.env) as url:
                     await self._run(context, plan, url, httpx, opencode_ai)
         except opencode_ai.APIConnectionError as exc:
             raise OpenCodeRunError(f"the OpenCode server at {url} stopped answering") from exc
