@@ -195,7 +195,11 @@ async def test_claude_agent_acp_writes_a_file_when_allowed_and_counts_what_it_wa
     # call, the answer; a prompt suggestion may follow the turn and is not its own).
     kinds = standin.kinds()
     turn = standin.served[: kinds.index("answer") + 1]
-    assert sorted(s.kind for s in turn) == ["answer", "side", "tool"]  # the side call races
+    # One tool call and one answer; Claude Code's side requests (a title, sometimes a
+    # second one) race with them: one or two land before the answer, and count.
+    in_turn = [s.kind for s in turn]
+    assert (in_turn.count("tool"), in_turn.count("answer")) == (1, 1)
+    assert 1 <= in_turn.count("side") == len(in_turn) - 2
     served = TokenUsage()
     for call in turn:
         served = TokenUsage(
