@@ -46,6 +46,7 @@ from busd.core.events import (
     ToolStart,
     Usage,
 )
+from busd.core.permissions import PermissionRejected, PermissionRule
 from busd.daemon.hub import Daemon, DaemonConfig
 from busd.daemon.runs import RunState
 from busd.plugins.manager import PluginManager
@@ -112,6 +113,7 @@ class Frontend:
         self.daemon = Daemon(DaemonConfig(), plugins=plugins)
         self.seen: list[Envelope[Event]] = []
         self.asked: list[PermissionRequested] = []
+        self.refused: list[str] = []
         self._finished: dict[str, trio.Event] = {}
         self._send, self._requests = trio.open_memory_channel[PermissionRequested](16)
         self.daemon.bus.on_all(self._record)
@@ -135,15 +137,21 @@ class Frontend:
     async def _answer(self) -> None:
         async for request in self._requests:
             reason = None if self.allow else "not now"
-            self.daemon.broker.reply(
-                request.request_id, by="frontend", allow=self.allow, reason=reason
-            )
+            try:
+                self.daemon.broker.reply(
+                    request.request_id, by="frontend", allow=self.allow, reason=reason
+                )
+            except PermissionRejected as exc:  # a rule decided first: a frontend is told so
+                self.refused.append(str(exc))
 
-    async def run(self, session_id: str | None = None) -> tuple[RunState, RunFinished]:
+    async def run(
+        self, session_id: str | None = None, rules: Sequence[PermissionRule] = ()
+    ) -> tuple[RunState, RunFinished]:
         state = self.daemon.runs.start(
             adapter="copilot",
             prompt=PROMPT,
             started_by="test",
+            permission_rules=rules,
             session_id=session_id,
             model=standin_module.MODEL,
             cwd=str(self.project),
@@ -244,6 +252,31 @@ async def test_a_prompt_on_the_copilot_cli_streams_its_answer_and_asks_for_its_s
     assert {r.window for r in reported} == {128_000}
     assert all(r.used > finished.context.used for r in reported)
     assert finished.context.window == 128_000  # the provider's, not busd's table's 200,000
+
+
+async def test_the_runs_own_rule_denies_the_shell_before_a_frontend_that_allows(
+    tmp_path: Path, standin: Any
+) -> None:
+    live = Frontend(tmp_path / "home", standin.url, allow=True)
+    rule = PermissionRule(action="deny", category="shell", reason="--deny shell")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(live.serve)
+        state, finished = await live.run(rules=[rule])
+        nursery.cancel_scope.cancel()
+    assert finished.status == "ok", finished.error
+    [request] = live.asked
+    [resolved] = live.of(state.run_id, PermissionResolved)
+    assert (resolved.request_id, resolved.outcome, resolved.by, resolved.reason) == (
+        request.request_id,
+        "denied",
+        "test",
+        "--deny shell",
+    )
+    assert len(live.refused) == 1  # the frontend's allow came too late, and was refused
+    assert "already denied" in live.refused[0]
+    [result] = live.of(state.run_id, ToolComplete)
+    assert (result.status, result.output) == ("error", None)
+    assert "--deny shell" in json.dumps(standin.requests[-1]["messages"][-1])  # the model told
 
 
 async def test_a_continued_session_resumes_the_cli_and_adds_up_its_runs(
