@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -131,3 +132,17 @@ async def serving(path: Path, *args: str) -> AsyncIterator[trio.Process]:
         for pipe in (process.stdout, process.stderr):
             if pipe is not None:
                 await pipe.aclose()
+
+
+def load_module(path: Path, name: str) -> Any:
+    """The test helper at ``path`` (plugin test folders are no packages), as module ``name``.
+
+    Registered in ``sys.modules`` first: its dataclasses look themselves up there.
+    """
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

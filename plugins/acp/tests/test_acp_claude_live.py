@@ -22,10 +22,8 @@ which is what rules match (bug 8). In its ``default`` mode (ACP
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +46,7 @@ from busd.core.events import (
 from busd.core.permissions import PermissionRule
 from busd.daemon.hub import Daemon, DaemonConfig
 from busd.plugins.manager import PluginManager
+from tests.daemon_helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "contrib/agents/node_modules/.bin/claude-agent-acp"
@@ -64,13 +63,7 @@ E = TypeVar("E", bound=Event)
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"acp_claude_{name}", HELPERS / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+    return load_module(HELPERS / f"{name}.py", f"acp_claude_{name}")
 
 
 standin_module = _load("messages_stand_in")

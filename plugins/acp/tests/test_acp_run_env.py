@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from busd_acp.driver import AcpDriver
 
+from tests.daemon_helpers import load_module
+
 HERE = Path(__file__).resolve().parent
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"acp_env_{name}", HERE / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(HERE / f"{name}.py", f"acp_env_{name}")
 
 
 driver_tests = _load("test_acp_driver")  # its fake agent, context and request helpers

@@ -17,15 +17,15 @@ Either way ``busd run`` exits 130, the CLI's processes are gone while
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import claude_agent_sdk
 import pytest
+
+from tests.daemon_helpers import load_module
 
 CLI = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
 HERE = Path(__file__).resolve().parent
@@ -36,13 +36,7 @@ pytestmark = pytest.mark.skipif(not CLI.exists(), reason=f"no bundled Claude Cod
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"cc_live_{name}", HERE / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+    return load_module(HERE / f"{name}.py", f"cc_live_{name}")
 
 
 standin_module = _load("messages_stand_in")

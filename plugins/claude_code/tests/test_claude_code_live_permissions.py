@@ -11,9 +11,7 @@ as busd's table prices the model.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +32,7 @@ from busd.core.events import (
 from busd.core.permissions import PermissionRule
 from busd.daemon.hub import Daemon, DaemonConfig
 from busd.plugins.manager import PluginManager
+from tests.daemon_helpers import load_module
 
 CLI = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
 HERE = Path(__file__).resolve().parent
@@ -44,13 +43,7 @@ E = TypeVar("E", bound=Event)
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"cc_perm_{name}", HERE / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+    return load_module(HERE / f"{name}.py", f"cc_perm_{name}")
 
 
 standin_module = _load("messages_stand_in")

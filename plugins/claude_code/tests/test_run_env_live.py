@@ -12,8 +12,6 @@ daemon's terminal one line, never a traceback.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler
@@ -24,6 +22,8 @@ import claude_agent_sdk
 import pytest
 import trio
 
+from tests.daemon_helpers import load_module
+
 CLI = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
 HERE = Path(__file__).resolve().parent
 MODEL = "claude-sonnet-4-5-20250929"
@@ -33,13 +33,7 @@ pytestmark = pytest.mark.skipif(not CLI.exists(), reason=f"no bundled Claude Cod
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"cc_env_{name}", HERE / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+    return load_module(HERE / f"{name}.py", f"cc_env_{name}")
 
 
 standin_module = _load("messages_stand_in")

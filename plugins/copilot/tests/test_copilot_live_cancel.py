@@ -16,14 +16,14 @@ no error is published or shown.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.daemon_helpers import load_module
 
 pytest.importorskip("copilot")
 
@@ -40,13 +40,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"copilot_live_{name}", HELPERS / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+    return load_module(HELPERS / f"{name}.py", f"copilot_live_{name}")
 
 
 standin_module = _load("messages_stand_in")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -12,18 +11,13 @@ import pytest
 from busd_copilot import CopilotDriver
 
 from busd import SessionIdle
+from tests.daemon_helpers import load_module
 
 HERE = Path(__file__).resolve().parent
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"copilot_env_{name}", HERE / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(HERE / f"{name}.py", f"copilot_env_{name}")
 
 
 driver_tests = _load("test_copilot_driver")  # its fake CLI, context and request helpers
