@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -246,6 +247,33 @@ async def test_a_member_dropped_while_offered_does_not_cost_the_others_the_batch
         daemon.settle()
         assert [r.events for _, r in members] == [[sent]] * 3
         assert daemon.fanout.statistics().members == 2
+
+
+async def test_a_cohort_that_fails_to_take_fails_its_members_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever raises in a cohort's take ends its members' connections, not the daemon."""
+    take = Cohort.take
+
+    def fragile(self: Cohort[object], log: Log, encode: Any) -> SharedBatch | None:
+        if self.window == 0.5:
+            raise RuntimeError("take exploded")
+        return take(self, log, encode)
+
+    monkeypatch.setattr(Cohort, "take", fragile)
+    async with daemon_running() as (daemon, nursery):
+        doomed, _ = await member(daemon, nursery, window=0.5, patterns=INFO)
+        failures: list[Exception] = []
+        doomed.on_error = failures.append
+        _, healthy = await member(daemon, nursery, patterns=INFO)
+        sent = daemon.publish(SessionInfo(message="one"), session_id="s1")
+        daemon.settle()
+        assert [str(e) for e in failures] == ["take exploded"]
+        assert healthy.events == [sent]
+        assert daemon.fanout.statistics().cohorts == 1  # the failed one is gone
+        again = daemon.publish(SessionInfo(message="two"), session_id="s1")
+        daemon.settle()
+        assert healthy.events == [sent, again]
 
 
 async def test_the_first_event_goes_at_once_and_the_rest_wait_for_the_window(

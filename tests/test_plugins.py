@@ -488,6 +488,22 @@ class RaisingKeys:
         raise RuntimeError("keyer exploded")
 
 
+class UnhashableKeys:
+    @hookimpl
+    def busd_coalescing_key(self, envelope: Envelope[Event]) -> Hashable | None:
+        return ["acme", envelope.seq]  # type: ignore[return-value]
+
+
+def test_an_unhashable_plugin_key_is_a_plugin_failure_not_a_key() -> None:
+    keys = BuildKeys()
+    daemon = Daemon(plugins=manager(keys, UnhashableKeys(), EventTypes(BuildProgress)))
+    progress = Envelope[Event](seq=1, ts=0.0, event=BuildProgress(build="a", percent=1))
+    assert daemon.keyer(progress) == ("acme.build.progress", None, "a")  # the next plugin's
+    [failure] = daemon.plugins.failures
+    assert (failure.plugin, failure.hook) == ("unhashablekeys-1", "busd_coalescing_key")
+    assert "unhashable" in failure.error
+
+
 async def test_a_plugin_key_lets_the_later_event_supersede_the_earlier_one(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

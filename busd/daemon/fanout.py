@@ -216,7 +216,14 @@ class Fanout:
                 self._wakeup.set()
 
     def _take(self, cohort: Cohort[Member], now: float, *, force: bool = False) -> None:
-        batch = cohort.take(self.log, encode_envelope)
+        try:
+            batch = cohort.take(self.log, encode_envelope)
+        except Exception as exc:  # its members' connections fail, not this pass nor the daemon
+            cohort.cursor = self.log.head_seq
+            for member in tuple(cohort.members):
+                member.failed(exc)
+                self._drop(member)
+            return
         if batch is None:
             return
         if not force:

@@ -223,9 +223,15 @@ class PluginManager:
         return {name: item for name, (_, item) in found.items()}
 
     def coalescing_key(self, envelope: Envelope[Event]) -> Hashable | None:
-        for _, result in self._call("busd_coalescing_key", envelope=envelope):
-            if result is not None:
-                return result  # type: ignore[no-any-return]
+        for plugin, result in self._call("busd_coalescing_key", envelope=envelope):
+            if result is None:
+                continue
+            try:
+                hash(result)
+            except TypeError as exc:  # a list, a dict: it would break every buffer it meets
+                self._failed(plugin, "busd_coalescing_key", TypeError(f"unhashable key: {exc}"))
+                continue
+            return result  # type: ignore[no-any-return]
         return None
 
     def permission_policy(
