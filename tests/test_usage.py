@@ -824,8 +824,9 @@ def test_gemini_cached_content_is_inside_the_prompt_count() -> None:
 def test_litellm_cache_read_and_creation_spellings_are_cached_not_uncached() -> None:
     """litellm's cache_read_tokens / cache_creation_tokens are inside prompt_tokens.
 
-    A constructed payload (no public recording found; the field names are the
-    issue's): prompt 1000 of which 800 read and 150 written, so uncached 50.
+    Constructed (the recordings in tests/fixtures/usage/litellm-*.sse carry
+    these names only as 0, and the read under ``cached_tokens``): prompt 1000
+    of which 800 read and 150 written, so uncached 50.
     """
     payload = {
         "prompt_tokens": 1000,
@@ -841,6 +842,48 @@ def test_litellm_cache_read_and_creation_spellings_are_cached_not_uncached() -> 
         "prompt_tokens_details": {"cache_read_tokens": 800, "cache_creation_tokens": 150},
     }
     assert normalize_usage(nested, provider="litellm") == tokens(i=50, o=20, cr=800, cw=150)
+
+
+def _sse_usages(name: str) -> list[Any]:
+    """The ``usage`` of every ``data:`` line of a recorded SSE stream."""
+    usages = []
+    for line in (USAGE_FIXTURES / name).read_text().splitlines():
+        if line.startswith("data: {"):
+            chunk = json.loads(line.removeprefix("data: "))
+            if chunk.get("usage") is not None:
+                usages.append(chunk["usage"])
+    return usages
+
+
+def test_a_recorded_litellm_cache_hit_is_read_as_cache_not_as_uncached_input() -> None:
+    """A real LiteLLM proxy in front of claude-opus-4-7, a cache hit.
+
+    It reports both spellings: OpenAI's ``prompt_tokens`` 13,976 with
+    ``prompt_tokens_details.cached_tokens`` 13,965 inside it, and Anthropic's
+    ``cache_read_input_tokens`` 13,965 at the top. The read is inside the
+    prompt count, not beside it: uncached 13,976 - 13,965 = 11 (the
+    ``text_tokens`` it reports), never 13,976, and never 13,976 + 13,965.
+    """
+    before = unrecognized_usage()
+    (usage,) = _sse_usages("litellm-cache-hit.sse")
+    expected = tokens(i=11, o=8, cr=13_965)
+    assert normalize_usage(usage) == expected
+    assert normalize_usage(usage, provider="litellm") == expected
+    assert read_usage({"usage": usage}) == expected
+    assert usage["prompt_tokens_details"]["text_tokens"] == 11
+    assert usage["total_tokens"] == 11 + 13_965 + 8
+    assert unrecognized_usage() == before
+
+
+def test_a_recorded_litellm_stream_without_cache_is_its_prompt_and_completion() -> None:
+    """The same proxy with nothing cached: every cache field present and 0.
+
+    The usage arrives in a chunk that still has a choice (``delta: {}``);
+    17 prompt + 4 completion = 21 total.
+    """
+    (usage,) = _sse_usages("litellm-stream.sse")
+    assert normalize_usage(usage, provider="litellm") == tokens(i=17, o=4)
+    assert read_usage(usage) == tokens(i=17, o=4)
 
 
 def test_an_unrecognised_usage_shape_is_reported_never_read_as_zeros(
