@@ -395,3 +395,48 @@ async def test_a_driven_session_stays_the_daemons_after_a_restart(
             await forger.publish(delta, session_id=started["session_id"], ack=True)
         assert again.bus.head_seq == head
         await forger.publish(TextDelta(message_id="m", text="x"), session_id="mine", ack=True)
+
+
+async def test_a_frame_is_judged_event_by_event_though_each_place_is_asked_once(
+    sock_path: Path,
+) -> None:
+    """A frame of deltas to one free session asks about that place once; a permission
+    event there is still judged on its own, and a forged event anywhere in the frame,
+    after any number of allowed ones, refuses the whole frame with its index."""
+    driver = ScriptDriver()
+    daemon = make_daemon(driver)
+    watcher = Watcher(daemon)
+    async with serving(sock_path, daemon), AsyncExitStack() as stack:
+        web = await stack.enter_async_context(connect(sock_path, client="web"))
+        started = await web.start_run("script", "ask")
+        run_id, session_id = started["run_id"], started["session_id"]
+        request_id = await _pending_request(watcher, run_id)
+        raw = await stack.enter_async_context(_raw(sock_path))
+        await raw.send(Hello(protocol=PROTOCOL_VERSION, client="forger", role="admin"))
+        assert isinstance(await raw.receive(), Welcome)
+        free = [Outgoing(event=TextDelta(message_id="m", text="x"), session_id="free")] * 50
+        frames = {
+            50: [*free, Outgoing(event=TextDelta(message_id="m", text="y"), session_id=session_id)],
+            # The same place as the 50 allowed deltas, but a driven run's request id.
+            51: [
+                *free,
+                Outgoing(event=TextDelta(message_id="m", text="z"), session_id="free"),
+                Outgoing(event=ask(request_id=request_id, tool="Read"), session_id="free"),
+            ],
+        }
+        head = daemon.bus.head_seq
+        for ack, (index, events) in enumerate(frames.items(), 1):
+            await raw.send(Publish(events=events, ack=ack))
+            reply = await raw.receive()
+            assert isinstance(reply, Reply)
+            assert reply.error is not None
+            assert reply.error.code == "forbidden"
+            assert reply.error.message.startswith(f"events[{index}]: ")
+        assert daemon.bus.head_seq == head  # nothing of either frame was published
+        await raw.send(Publish(events=free, ack=3))
+        published = await raw.receive()
+        assert isinstance(published, Reply)
+        assert published.ok
+        assert daemon.bus.head_seq == head + 50
+        await web.reply_permission(request_id, option_id="allow_once")
+        assert (await watcher.finished(run_id)).status == "ok"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from ..core.events import PermissionRequested
+from ..core.events import PermissionRequested, PermissionResolved
 from ..wire import (
     FORBIDDEN,
     AskPermission,
@@ -30,6 +30,8 @@ from .runs import RunManager
 
 __all__ = ["forbidden", "refusal"]
 
+_PERMISSION_EVENTS = (PermissionRequested, PermissionResolved)
+
 
 def forbidden(frame: Frame, *, role: Role, rights: Set[Right], runs: RunManager) -> str | None:
     """Why a connection in ``role`` may not send ``frame`` (``None``: it may)."""
@@ -38,10 +40,17 @@ def forbidden(frame: Frame, *, role: Role, rights: Set[Right], runs: RunManager)
         return f"role {role!r} may not {right.replace('_', ' ')} (docs/operations.md)"
     match frame:
         case Publish(events=events):
+            # Only permission events are judged on more than where they go: a
+            # frame of a thousand deltas to one session asks once.
+            allowed: set[tuple[str | None, str | None]] = set()
             for index, out in enumerate(events):
+                where = (out.session_id, out.run_id)
+                if where in allowed and not isinstance(out.event, _PERMISSION_EVENTS):
+                    continue
                 why = runs.authority(out.event, session_id=out.session_id, run_id=out.run_id)
                 if why is not None:
                     return f"events[{index}]: {why}; none of the frame's events was published"
+                allowed.add(where)
         case Ingest(session_id=str(session_id)):
             why = runs.authority(None, session_id=session_id, run_id=None)
             if why is not None:

@@ -419,9 +419,15 @@ class Connection:
         so often, so that subscribers drain meanwhile.
         """
         events = frame.events
+        allowed: set[type[Event]] = set()  # the refusal depends on the type only
         for index, outgoing in enumerate(events):
+            cls = type(outgoing.event)
+            if cls in allowed:
+                continue
             refusal = self.daemon.client_refusal(outgoing)
-            if refusal is not None:
+            if refusal is None:
+                allowed.add(cls)
+            else:
                 self.daemon.counters.rejected_events += len(events)
                 message = (
                     f"events[{index}]: {refusal}; none of the frame's {len(events)} events "
