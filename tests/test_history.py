@@ -197,3 +197,45 @@ def test_with_contiguous_seqs_the_gap_is_exactly_the_evicted_seqs_after_since(
 
     covered = [] if gap is None else list(range(gap[0], gap[1] + 1))
     assert covered == [s for s in evicted if s > probe]
+
+
+@given(
+    capacity=st.integers(1, 12),
+    before=st.integers(0, 30),
+    runs=st.lists(st.integers(0, 30), max_size=6),
+)
+def test_extend_keeps_what_appending_each_keeps(
+    capacity: int, before: int, runs: list[int]
+) -> None:
+    """A run extended is a run appended: same ring, same replays, same statistics."""
+    one_by_one = filled(capacity, range(1, before + 1))
+    at_once = filled(capacity, range(1, before + 1))
+    seq = before
+    for length in runs:
+        envelopes = [env(s) for s in range(seq + 1, seq + length + 1)]
+        raws = [encode_envelope(e) for e in envelopes]
+        for envelope, raw in zip(envelopes, raws, strict=True):
+            one_by_one.append(envelope, raw)
+        at_once.extend(envelopes, raws)
+        seq += length
+        assert at_once.statistics() == one_by_one.statistics()
+        for since in range(0, seq + 2):
+            assert at_once.since(since) == one_by_one.since(since)
+        for envelope in envelopes:
+            assert at_once.raw_of(envelope) == one_by_one.raw_of(envelope)
+
+
+def raw(seq: int) -> msgspec.Raw:
+    return encode_envelope(env(seq))
+
+
+def test_extend_refuses_a_run_that_does_not_follow_and_keeps_nothing() -> None:
+    history = filled(4, range(1, 4))
+    before = history.statistics()
+    with pytest.raises(ValueError, match="not after the head seq 3"):
+        history.extend([env(3), env(4)], [raw(3), raw(4)])
+    with pytest.raises(ValueError, match="do not increase"):
+        history.extend([env(4), env(6), env(5)], [raw(4), raw(6), raw(5)])
+    with pytest.raises(ValueError, match="2 envelopes but 1 encodings"):
+        history.extend([env(4), env(5)], [raw(4)])
+    assert history.statistics() == before

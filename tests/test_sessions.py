@@ -4,6 +4,8 @@ from itertools import count
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from busd.core.events import (
     AgentComplete,
@@ -469,3 +471,65 @@ def test_a_session_without_a_title_is_named_by_its_first_prompt() -> None:
     snapshot = registry.snapshot("s")
     assert snapshot is not None
     assert snapshot.title == "Login fix"
+
+
+_PLACES = st.tuples(
+    # Few places, so that runs of one place (and of one place but another staleness) occur.
+    st.sampled_from(
+        [
+            ("s1", None, "r1", "run/claude-code"),
+            ("s1", "a1", "r1", "run/claude-code"),
+            ("s2", None, None, "web[pid=1,uid=0]/opencode"),
+            (None, None, None, "test"),
+        ]
+    ),
+    st.booleans(),
+).map(lambda place: (*place[0], place[1]))
+
+
+@given(
+    places=st.lists(_PLACES, max_size=40),
+    thinking=st.booleans(),
+    max_sessions=st.integers(1, 3),
+)
+def test_observe_many_is_observe_of_each(
+    places: list[tuple[str | None, str | None, str | None, str, bool]],
+    thinking: bool,
+    max_sessions: int,
+) -> None:
+    """A run of deltas observed at once leaves every record as observing each would."""
+    envelopes: list[Envelope[Event]] = [
+        Envelope(
+            seq,
+            1000.0 + seq,
+            ThinkingDelta(message_id="m", text="t")
+            if thinking
+            else TextDelta(message_id="m", text="x"),
+            session,
+            run,
+            agent,
+            source,
+            stale,
+        )
+        for seq, (session, agent, run, source, stale) in enumerate(places, 1)
+    ]
+    one_by_one = SessionRegistry(max_sessions=max_sessions)
+    at_once = SessionRegistry(max_sessions=max_sessions)
+    # Both sessions known and idle: a delta that is not stale makes its session active.
+    before: list[Envelope[Event]] = [
+        Envelope(-3, 996.0, SessionStart(model="m"), "s1", None, None, "test", False),
+        Envelope(-2, 997.0, SessionIdle(), "s1", None, None, "test", False),
+        Envelope(-1, 998.0, SessionStart(model="m"), "s2", None, None, "test", False),
+        Envelope(0, 999.0, SessionIdle(), "s2", None, None, "test", False),
+    ]
+    for registry in (one_by_one, at_once):
+        for envelope in before:
+            registry.observe(envelope)
+    for envelope in envelopes:
+        one_by_one.observe(envelope)
+    at_once.observe_many(envelopes)
+    assert at_once.statistics() == one_by_one.statistics()
+    assert at_once.list() == one_by_one.list()
+    for session in ("s1", "s2", "s3"):
+        assert at_once.summary(session) == one_by_one.summary(session)
+        assert at_once.snapshot(session) == one_by_one.snapshot(session)

@@ -20,8 +20,11 @@ falls between the replay and the live stream.
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import msgspec
 
@@ -158,6 +161,44 @@ class History:
         self._raws[i] = raw
         i += 1
         self._next = 0 if i == self._capacity else i
+
+    def extend(self, envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw]) -> None:
+        """:meth:`append` each envelope with its encoding, a slice of the ring at a time.
+
+        For a run the bus sequenced at once. Raises :class:`ValueError`, and
+        keeps nothing, unless the seqs increase strictly from after :attr:`head_seq`.
+        """
+        count = len(envelopes)
+        if count != len(raws):
+            raise ValueError(f"{count} envelopes but {len(raws)} encodings")
+        if not count:
+            return
+        new = [envelope.seq for envelope in envelopes]
+        if new[0] <= self._head:
+            raise ValueError(f"seq {new[0]} is not after the head seq {self._head}")
+        if not all(map(operator.lt, new, islice(new, 1, None))):
+            raise ValueError(f"seqs {new[0]}..{new[-1]} do not increase")
+        if not self._appended:
+            self._base = new[0]
+        self._appended += count
+        self._head = new[-1]
+        seqs, capacity = self._seqs, self._capacity
+        start = 0
+        if len(seqs) < capacity:
+            start = min(count, capacity - len(seqs))
+            seqs.extend(new[:start])
+            self._envelopes.extend(envelopes[:start])
+            self._raws.extend(raws[:start])
+        while start < count:  # full: overwrite the oldest slots, wrapping at the end
+            i = self._next
+            stop = min(count, start + capacity - i)
+            j = i + stop - start
+            self._floor = seqs[j - 1]
+            seqs[i:j] = new[start:stop]
+            self._envelopes[i:j] = envelopes[start:stop]
+            self._raws[i:j] = raws[start:stop]
+            self._next = 0 if j == capacity else j
+            start = stop
 
     def raw_of(self, envelope: Envelope[Event]) -> msgspec.Raw | None:
         """The encoding appended with this very envelope, ``None`` if it is not held.

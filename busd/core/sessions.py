@@ -37,7 +37,7 @@ calls and sub-agents per session, the oldest forgotten first.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
@@ -541,6 +541,38 @@ class SessionRegistry:
             _cap(state.agents, self._max_open)
         if update is not None:
             update(state, envelope, self._max_open)
+
+    def observe_many(self, envelopes: Sequence[Envelope[Event]]) -> None:
+        """:meth:`observe` each of a run of one type that changes no session's record.
+
+        The daemon's runs of deltas: within a stretch of the same session,
+        agent, run, source and staleness, only the first and the last
+        envelope change anything but the count, so the rest are counted.
+        """
+        observe = self.observe
+        if not envelopes or _UPDATES.get(type(envelopes[0].event)) is not None:
+            for envelope in envelopes:
+                observe(envelope)
+            return
+        count = len(envelopes)
+        i = 0
+        while i < count:
+            first = envelopes[i]
+            place = (first.session_id, first.agent_id, first.run_id, first.source, first.stale)
+            j = i + 1
+            while j < count:
+                e = envelopes[j]
+                if (e.session_id, e.agent_id, e.run_id, e.source, e.stale) != place:
+                    break
+                j += 1
+            observe(first)
+            if j - i > 1:
+                observe(envelopes[j - 1])
+                skipped = j - i - 2
+                if skipped and first.session_id is not None:
+                    self._observed += skipped
+                    self._sessions[first.session_id].events += skipped
+            i = j
 
     def restore(
         self,

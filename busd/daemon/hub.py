@@ -438,12 +438,12 @@ class Daemon:
     def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
         """:meth:`_on_event` for a run (of one type: deltas), in one call."""
         raws = [encode_envelope(envelope) for envelope in envelopes]
-        history, journal, observe = self.history, self.journal, self.sessions.observe
-        for envelope, raw in zip(envelopes, raws, strict=True):
-            history.append(envelope, raw)
-            if journal is not None:
+        self.history.extend(envelopes, raws)
+        journal = self.journal
+        if journal is not None:
+            for envelope, raw in zip(envelopes, raws, strict=True):
                 journal.append(envelope, raw)
-            observe(envelope)
+        self.sessions.observe_many(envelopes)
         if isinstance(envelopes[0].event, PermissionRequested):
             for envelope in envelopes:
                 self.broker.saw_request(cast(PermissionRequested, envelope.event).request_id)
