@@ -419,22 +419,11 @@ class Connection:
         so often, so that subscribers drain meanwhile.
         """
         events = frame.events
-        allowed: set[type[Event]] = set()  # the refusal depends on the type only
-        for index, outgoing in enumerate(events):
-            cls = type(outgoing.event)
-            if cls in allowed:
-                continue
-            refusal = self.daemon.client_refusal(outgoing)
-            if refusal is None:
-                allowed.add(cls)
-            else:
-                self.daemon.counters.rejected_events += len(events)
-                message = (
-                    f"events[{index}]: {refusal}; none of the frame's {len(events)} events "
-                    "was published"
-                )
-                self._queue(Error(code=INVALID_EVENT, message=message))
-                return
+        refusal = self.daemon.frame_refusal(events)
+        if refusal is not None:
+            self.daemon.counters.rejected_events += len(events)
+            self._queue(Error(code=INVALID_EVENT, message=refusal))
+            return
         start = 0
         while start < len(events):  # checked above: published as they are, deltas as runs
             chunk = events[start : start + _YIELD_EVERY - self._unyielded]

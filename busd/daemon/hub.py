@@ -358,7 +358,7 @@ class Daemon:
         )
 
     def publish_frame(self, events: Sequence[Outgoing[Event]], *, source: str) -> None:
-        """A client's events, already checked (:meth:`client_refusal`): deltas as runs.
+        """A client's events, already checked (:meth:`frame_refusal`): deltas as runs.
 
         Consecutive deltas of one type go through :meth:`Bus.publish_run`,
         one sequencing and one call per handler for all of them (no handler
@@ -414,14 +414,31 @@ class Daemon:
             return None
 
     def client_refusal(self, outgoing: Outgoing[Event]) -> str | None:
-        """Why a client may not publish this event (``None``: it may).
-
-        A connection asks this of every event of a ``publish`` frame before
-        publishing any of them: a frame is published whole or not at all.
-        """
+        """Why a client may not publish this event (``None``: it may)."""
         name = event_type(outgoing.event)
         if name.startswith("busd."):
             return f"{name!r} events are derived by the daemon, not published"
+        return None
+
+    def frame_refusal(self, events: Sequence[Outgoing[Event]]) -> str | None:
+        """Why a client may not publish this frame (``None``: it may), naming the event.
+
+        A connection asks before publishing any of them: a frame is published
+        whole or not at all. The answer depends on an event's type only, so
+        each type is asked once.
+        """
+        allowed: set[type[Event]] = set()
+        for index, outgoing in enumerate(events):
+            cls = type(outgoing.event)
+            if cls in allowed:
+                continue
+            refusal = self.client_refusal(outgoing)
+            if refusal is not None:
+                return (
+                    f"events[{index}]: {refusal}; none of the frame's {len(events)} events "
+                    "was published"
+                )
+            allowed.add(cls)
         return None
 
     def settle(self) -> None:
