@@ -1,0 +1,52 @@
+"""How a Copilot tool call ends, as the catalog tells it (pure).
+
+``tool.execution_complete`` says on its own whether the call succeeded,
+what it returned and why it failed; the translator adds what only it knows:
+the call it started (its name, and when it began running) and whether the
+session was aborted, which makes any failure a cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from busd import ToolComplete
+
+from .payloads import Stamp, elapsed, field, field_map, field_str
+from .state import Tool
+from .vocabulary import CANCEL_CODES
+
+
+def tool_complete(
+    tool_call_id: str,
+    data: Mapping[str, Any],
+    tool: Tool | None,
+    stamp: Stamp,
+    *,
+    aborted: bool,
+) -> ToolComplete:
+    """The end of ``tool`` (``None`` when it was never seen starting), told at ``stamp``."""
+    error = field_map(data, "error")
+    flag = field(data, "success")
+    success = flag if isinstance(flag, bool) else error is None
+    result = field_map(data, "result")
+    output = field_str(result, "content") or field_str(result, "detailedContent")
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    message = None
+    if not success:
+        message = field_str(error, "message")
+        code = field_str(error, "code")
+        cancelled = aborted or (code is not None and code.lower() in CANCEL_CODES)
+        status = "cancelled" if cancelled else "error"
+    duration = None
+    if tool is not None and tool.started is not None:
+        duration = elapsed(tool.started, stamp)
+    return ToolComplete(
+        tool_call_id=tool_call_id,
+        name=None if tool is None else tool.name,
+        status=status,
+        output=output,
+        error=message,
+        duration_s=duration,
+    )
