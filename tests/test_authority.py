@@ -414,8 +414,10 @@ async def test_a_frame_is_judged_event_by_event_though_each_place_is_asked_once(
         raw = await stack.enter_async_context(_raw(sock_path))
         await raw.send(Hello(protocol=PROTOCOL_VERSION, client="forger", role="admin"))
         assert isinstance(await raw.receive(), Welcome)
-        free = [Outgoing(event=TextDelta(message_id="m", text="x"), session_id="free")] * 50
-        frames = {
+        free: list[Outgoing[Event]] = [
+            Outgoing(event=TextDelta(message_id="m", text="x"), session_id="free")
+        ] * 50
+        frames: dict[int, list[Outgoing[Event]]] = {
             50: [*free, Outgoing(event=TextDelta(message_id="m", text="y"), session_id=session_id)],
             # The same place as the 50 allowed deltas, but a driven run's request id.
             51: [

@@ -64,8 +64,10 @@ def test_task_progress_is_the_sub_agents_current_step() -> None:
         (AGENT, "running", "Compute with the shell"),  # task_started
         (AGENT, "running", "Running Print the answer: Bash"),  # task_progress
     ]
-    bash = next(e for e in out if type(e.event) is ToolComplete and e.parent_tool_call_id == AGENT)
-    assert (bash.event.name, bash.event.output) == ("Bash", "42")
+    (bash,) = [
+        e.event for e in out if isinstance(e.event, ToolComplete) and e.parent_tool_call_id == AGENT
+    ]
+    assert (bash.name, bash.output) == ("Bash", "42")
     (done,) = [e.event for e in out if type(e.event) is AgentComplete]
     assert (done.agent_id, done.status, done.result) == (AGENT, "ok", "The shell says 42.")
     assert t.statistics().unknown == {}
