@@ -24,6 +24,7 @@ from busd import as_mapping
 REMEMBER: Final = 4096
 """Ids remembered for dropping duplicates (events, finished parts and tools, calls)."""
 
+_INT64: Final = 2**63
 _UPPER = re.compile(r"(?<!^)(?=[A-Z])")
 
 
@@ -55,13 +56,14 @@ def field_str(d: Mapping[str, Any] | None, key: str) -> str | None:
 
 
 def field_int(d: Mapping[str, Any] | None, key: str) -> int | None:
+    """A whole number that fits 64 bits (wider ones cannot go on the wire), else ``None``."""
     value = None if d is None else field(d, key)
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int) and -_INT64 <= value < _INT64:
+        return value
     return None
 
 

@@ -1,8 +1,9 @@
 """What the translator holds between events: the event being read and what is open.
 
 One raw event (:class:`RawEvent`), an open text or thinking part
-(:class:`Part`), a conversation with its open model call (:class:`Lane`)
-and a running tool (:class:`Tool`): plain slotted records that
+(:class:`Part`), a conversation with its open model call (:class:`Lane`),
+a call's usage report held for its message (:class:`Report`) and a running
+tool (:class:`Tool`): plain slotted records that
 :class:`~busd_copilot.translator.CopilotTranslator` owns and changes.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
+
+from busd import Usage
 
 from .payloads import Stamp, as_text, timestamp_of
 
@@ -44,19 +47,42 @@ class Part:
         self.chunks: list[str] = []
 
 
+class Report:
+    """A model call's ``assistant.usage``, held until the call's ``assistant.message``.
+
+    The CLI (1.0.102) reports a call's usage before it sends the call's
+    message (its text, reasoning and tool requests), so the call ends, with
+    its usage told last, once that message has arrived.
+    """
+
+    __slots__ = ("api_call_id", "finish", "usage")
+
+    def __init__(self, api_call_id: str | None, finish: str | None, usage: Usage | None) -> None:
+        self.api_call_id = api_call_id
+        self.finish = finish
+        self.usage = usage  # None: the report changed no total
+
+    def waits_for(self, api_call_id: str | None) -> bool:
+        """Whether a message naming ``api_call_id`` is this call's (ids match, or one is unsaid)."""
+        return api_call_id is None or self.api_call_id in (None, api_call_id)
+
+
 class Lane:
     """One conversation in the stream (the main agent or a sub-agent) and its open call."""
 
     __slots__ = (
         "agent_id",
         "call",
+        "call_message",
         "call_thinking",
         "call_tools",
         "calls_in_turn",
         "key",
         "parent_tool_call_id",
         "parts",
+        "report",
         "retries",
+        "told_reasoning",
         "turn",
     )
 
@@ -69,6 +95,9 @@ class Lane:
         self.call: str | None = None  # the open model call's turn id
         self.call_tools = False  # the open call requested tools
         self.call_thinking = False  # the open call streamed reasoning
+        self.call_message = False  # the open call's assistant.message arrived
+        self.report: Report | None = None  # the open call's usage, come before its message
+        self.told_reasoning: str | None = None  # told by a message, not yet by its own event
         self.retries = 0
         self.parts: dict[str, Part] = {}
 

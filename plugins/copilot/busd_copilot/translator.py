@@ -17,14 +17,19 @@ Copilot's shapes, and what they become:
   at the first output after the previous call ended, and ends at its
   ``assistant.usage`` (or at ``turn_end``, abort, error, idle). The first
   call of Copilot turn ``"0"`` is turn ``"0"``, later ones ``"0.1"``, ``"0.2"``.
+- The CLI (1.0.102) sends a call's usage *before* its ``assistant.message``
+  (same ``apiCallId``; the ``assistant.reasoning`` comes after both): the
+  call then ends once that message is told, its usage last, so that no
+  output of the call follows its count. The late reasoning repeats nothing.
 - ``assistant.usage`` is one call's own counts, so the ledger adds them
   (``cumulative=False``) under the call's ``apiCallId``; its ``cost`` is a
   premium-request multiplier, not money, so cost stays unknown.
 - ``session.usage_info`` is the context window's state, reported as
   ``stream.session.context``, never as usage.
 - Thinking duration is measured between the events' own ``timestamp``\\ s
-  (the first reasoning delta to ``assistant.reasoning``), else between the
-  ``now`` values they were fed at.
+  (the first reasoning delta to ``assistant.reasoning``, or to the end of
+  its call if that comes first), else between the ``now`` values they were
+  fed at.
 - A tool starts when the assistant message that requests it arrives (its
   input is known then, before any permission prompt); ``tool.execution_start``
   only starts the clock for its duration.
@@ -84,9 +89,9 @@ from .payloads import (
     wire_mapping,
 )
 from .permissions import permission_requested, permission_resolved
-from .state import Lane, Part, RawEvent, Tool
+from .state import Lane, Part, RawEvent, Report, Tool
 from .subagents import agent_event
-from .tools import tool_complete
+from .tools import PROGRESS_KEYS, tool_complete, tool_output
 from .vocabulary import FINISH, IGNORED, RETRYABLE_STATUS
 
 __all__ = ["CopilotAdapter", "CopilotTranslator"]
@@ -110,6 +115,7 @@ class CopilotTranslator(Translator):
         self._permissions: dict[str, Lane] = {}
         self._seen: dict[str, None] = {}
         self._done_parts: dict[str, None] = {}
+        self._ended_parts: dict[str, None] = {}  # completed before their own event came
         self._done_tools: dict[str, None] = {}
         self._done_permissions: dict[str, None] = {}
         self._usage_calls: dict[str, None] = {}
@@ -183,12 +189,18 @@ class CopilotTranslator(Translator):
     def _all_lanes(self) -> list[Lane]:
         return [self._main, *self._lanes.values()]
 
-    def _open_call(self, lane: Lane, out: list[Emitted]) -> None:
-        """Make sure a model call is open in ``lane`` (output means one is running)."""
+    def _open_call(self, lane: Lane, stamp: Stamp, out: list[Emitted]) -> None:
+        """Make sure a model call is open in ``lane`` (output means one is running).
+
+        A call that already reported its usage (and waits for its message) has
+        streamed all it will: new output is the next call's.
+        """
         self._busy = True
         self._errored = False  # work goes on, so an earlier error did not end the stream
         if lane.call is not None:
-            return
+            if lane.report is None:
+                return
+            self._close_call(lane, None, stamp, out)
         n = lane.calls_in_turn
         lane.calls_in_turn = n + 1
         if lane.turn is None:
@@ -199,13 +211,25 @@ class CopilotTranslator(Translator):
         lane.call = call
         lane.call_tools = False
         lane.call_thinking = False
+        lane.call_message = False
         self._put(out, TurnStart(turn_id=call), lane)
 
     def _close_call(self, lane: Lane, finish: str | None, stamp: Stamp, out: list[Emitted]) -> None:
-        """End ``lane``'s open call: its unfinished parts first, then ``stream.turn.end``."""
+        """End ``lane``'s open call: its unfinished parts, its usage, ``stream.turn.end``.
+
+        A call with a usage report ended as that report says, whatever ends it
+        now (its message, the turn's end, an abort).
+        """
+        report, lane.report = lane.report, None
+        usage = None if report is None else report.usage
+        if report is not None:
+            finish = report.finish
         stopped = finish in ("cancelled", "error")
         for part in list(lane.parts.values()):
             self._complete_part(lane, part, stamp, out, stopped=stopped)
+            remember(self._ended_parts, part.id)
+        if usage is not None:
+            self._put(out, usage, lane)  # after the output it counts, so none is estimated
         if lane.call is None:
             return
         reason = finish or ("tool_use" if lane.call_tools else "end_turn")
@@ -249,7 +273,7 @@ class CopilotTranslator(Translator):
         lane = self._lane(ev)
         part = lane.parts.get(part_id)
         if part is None:
-            self._open_call(lane, out)
+            self._open_call(lane, ev.stamp(), out)
             part = lane.parts[part_id] = Part(part_id, thinking=thinking, start=ev.stamp())
         if thinking:
             lane.call_thinking = True
@@ -382,7 +406,7 @@ class CopilotTranslator(Translator):
         lane.turn = field_str(ev.data, "turnId") or None
         lane.calls_in_turn = 0
         lane.retries = 0
-        self._open_call(lane, out)
+        self._open_call(lane, ev.stamp(), out)
 
     def _on_turn_end(self, ev: RawEvent, out: list[Emitted]) -> None:
         lane = self._lane(ev)
@@ -410,7 +434,7 @@ class CopilotTranslator(Translator):
         lane = self._lane(ev)
         if message_id in self._done_parts or message_id in lane.parts:
             return
-        self._open_call(lane, out)
+        self._open_call(lane, ev.stamp(), out)
         lane.parts[message_id] = Part(message_id, thinking=False, start=ev.stamp())
 
     def _on_reasoning(self, ev: RawEvent, out: list[Emitted]) -> None:
@@ -420,14 +444,22 @@ class CopilotTranslator(Translator):
             self.malformed(ev.kind, "no string 'reasoningId'")
             return
         if reasoning_id in self._done_parts:
-            self.duplicate()
+            if reasoning_id in self._ended_parts:
+                del self._ended_parts[reasoning_id]  # its message came first (CLI 1.0.102)
+            else:
+                self.duplicate()
             return
         lane = self._lane(ev)
         part = lane.parts.get(reasoning_id)
         if part is None:
             if not content:
                 return  # nothing streamed and nothing to show (e.g. encrypted reasoning)
-            self._open_call(lane, out)
+            if content == lane.told_reasoning:
+                # Its message told it already (not streaming, CLI 1.0.102: the message first).
+                lane.told_reasoning = None
+                remember(self._done_parts, reasoning_id)
+                return
+            self._open_call(lane, ev.stamp(), out)
             part = lane.parts[reasoning_id] = Part(reasoning_id, thinking=True, start=None)
         lane.call_thinking = True
         self._complete_part(lane, part, ev.stamp(), out, text=content)
@@ -445,15 +477,29 @@ class CopilotTranslator(Translator):
             requests = None
         reasoning = field_str(data, "reasoningText")
         lane = self._lane(ev)
+        stamp = ev.stamp()
+        report = lane.report
+        if report is not None and not report.waits_for(field_str(data, "apiCallId")):
+            self._close_call(lane, None, stamp, out)  # not the message its usage waits for
+            report = None
         part = lane.parts.get(message_id)
         done = message_id in self._done_parts
         if not (part or (content and not done) or requests or reasoning):
+            if report is not None:
+                self._close_call(lane, None, stamp, out)
             return
-        self._open_call(lane, out)
-        stamp = ev.stamp()
+        if report is None:
+            self._open_call(lane, stamp, out)
+        lane.call_message = True
+        for thought in [p for p in lane.parts.values() if p.thinking]:
+            # The message is the call's last word: its thinking is over, whether or
+            # not its assistant.reasoning came yet (CLI 1.0.102 sends it after).
+            self._complete_part(lane, thought, stamp, out)
+            remember(self._ended_parts, thought.id)
         if reasoning and not lane.call_thinking:
             # Reasoning that came only with the message (no streamed reasoning events).
             lane.call_thinking = True
+            lane.told_reasoning = reasoning
             thinking = ThinkingComplete(
                 message_id=f"{message_id}:reasoning",
                 text=reasoning,
@@ -478,6 +524,8 @@ class CopilotTranslator(Translator):
             name = field_str(request, "name") or "unknown"
             tool_input = as_tool_input(field(request, "arguments"))
             self._start_tool(lane, tool_call_id, name, tool_input, out)
+        if report is not None:
+            self._close_call(lane, None, stamp, out)  # the call's usage came first
 
     def _on_usage(self, ev: RawEvent, out: list[Emitted]) -> None:
         data = ev.data
@@ -491,16 +539,22 @@ class CopilotTranslator(Translator):
         else:
             self._reports += 1
             call_id = ev.id or f"usage-{self._reports}"
-        usage = normalize_usage(data, provider="copilot")
+        stamp = ev.stamp()
+        if lane.report is not None:
+            self._close_call(lane, None, stamp, out)  # a call whose message never came
+        counts = normalize_usage(data, provider="copilot")
         changed = self._ledger.record(
-            session_id=lane.key, run_id=None, turn_id=call_id, usage=usage, cumulative=False
+            session_id=lane.key, run_id=None, turn_id=call_id, usage=counts, cumulative=False
         )
+        usage = None
         if changed:
             model = field_str(data, "model") or self._model
-            self._put(out, Usage(tokens=self._ledger.session_total(lane.key), model=model), lane)
+            usage = Usage(tokens=self._ledger.session_total(lane.key), model=model)
         said = field_str(data, "finishReason")
         finish = None if not said else FINISH.get(said, said)
-        self._close_call(lane, finish, ev.stamp(), out)
+        lane.report = Report(field_str(data, "apiCallId"), finish, usage)
+        if lane.call is None or lane.call_message:  # else the call's message is still to come
+            self._close_call(lane, None, stamp, out)
 
     # -- tools --------------------------------------------------------------------------
 
@@ -519,49 +573,21 @@ class CopilotTranslator(Translator):
         tool.started = ev.stamp()
         self._busy = True
 
-    def _progress(self, ev: RawEvent, key: str) -> tuple[str, Tool, str] | None:
+    def _on_tool_output(self, ev: RawEvent, out: list[Emitted]) -> None:
+        key = PROGRESS_KEYS[ev.kind]
         tool_call_id = field_str(ev.data, "toolCallId")
         text = field_str(ev.data, key)
         if tool_call_id is None or text is None:
             self.malformed(ev.kind, f"needs string 'toolCallId' and '{key}'")
-            return None
+            return
         tool = self._tools.get(tool_call_id)
         if tool is None:
             if tool_call_id not in self._done_tools:
                 self.malformed(ev.kind, "progress of a tool call that never started")
-            return None
-        return tool_call_id, tool, text
-
-    def _on_tool_partial(self, ev: RawEvent, out: list[Emitted]) -> None:
-        found = self._progress(ev, "partialOutput")
-        if found is None:
             return
-        tool_call_id, tool, text = found
-        if tool.source == "shell":
-            return  # the append-only stream tells the same output
-        tool.source = "partial"
-        tool.output = text
-        self._put(out, ToolPartialResult(tool_call_id=tool_call_id, output=text), tool.lane)
-
-    def _on_shell_output(self, ev: RawEvent, out: list[Emitted]) -> None:
-        found = self._progress(ev, "text")
-        if found is None:
-            return
-        tool_call_id, tool, text = found
-        if tool.source == "partial":
-            return  # the snapshots tell the same output
-        tool.source = "shell"
-        tool.output += text
-        self._put(out, ToolPartialResult(tool_call_id=tool_call_id, output=tool.output), tool.lane)
-
-    def _on_tool_progress(self, ev: RawEvent, out: list[Emitted]) -> None:
-        found = self._progress(ev, "progressMessage")
-        if found is None:
-            return
-        tool_call_id, tool, text = found
-        if tool.source:
-            return  # real output is showing: a status line must not replace it
-        self._put(out, ToolPartialResult(tool_call_id=tool_call_id, output=text), tool.lane)
+        shown = tool_output(ev.kind, tool, text)
+        if shown is not None:
+            self._put(out, ToolPartialResult(tool_call_id=tool_call_id, output=shown), tool.lane)
 
     def _on_tool_complete(self, ev: RawEvent, out: list[Emitted]) -> None:
         data = ev.data
@@ -651,9 +677,9 @@ _HANDLERS: Final[dict[str, _Handler]] = {
     "assistant.message": CopilotTranslator._on_message,
     "assistant.usage": CopilotTranslator._on_usage,
     "tool.execution_start": CopilotTranslator._on_tool_start,
-    "tool.execution_partial_result": CopilotTranslator._on_tool_partial,
-    "tool.shell_output": CopilotTranslator._on_shell_output,
-    "tool.execution_progress": CopilotTranslator._on_tool_progress,
+    "tool.execution_partial_result": CopilotTranslator._on_tool_output,
+    "tool.shell_output": CopilotTranslator._on_tool_output,
+    "tool.execution_progress": CopilotTranslator._on_tool_output,
     "tool.execution_complete": CopilotTranslator._on_tool_complete,
     "permission.requested": CopilotTranslator._on_permission_requested,
     "permission.completed": CopilotTranslator._on_permission_completed,

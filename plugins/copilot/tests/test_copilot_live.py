@@ -42,8 +42,11 @@ from busd.core.events import (
     SessionContext,
     TextComplete,
     TextDelta,
+    ThinkingComplete,
     ToolComplete,
     ToolStart,
+    TurnEnd,
+    TurnStart,
     Usage,
 )
 from busd.core.permissions import PermissionRejected, PermissionRule
@@ -243,6 +246,24 @@ async def test_a_prompt_on_the_copilot_cli_streams_its_answer_and_asks_for_its_s
     assert _counts(tokens) == _served(standin.served)
     assert tokens.cost_usd is None  # Copilot's cost is 0.0 premium requests, not money
     assert of(Usage)[-1].tokens == tokens
+    # One turn per call, though the CLI reports a call's usage before its message: each
+    # thinking block completes once, the tool starts in the call that asked for it, and
+    # nothing of a call comes after its usage, so busd estimates nothing on top.
+    calls = (TurnStart, TurnEnd, Usage, ThinkingComplete, TextComplete, ToolStart)
+    events = [e.event for e in live.seen if e.run_id == state.run_id]
+    events = [e for e in events if isinstance(e, calls)]  # no derived busd.* events
+    assert [(e.turn_id, e.finish_reason) for e in of(TurnEnd)] == [
+        ("0", "tool_use"),
+        ("1", "end_turn"),
+    ]
+    assert len(of(TurnStart)) == 2
+    assert [t.text for t in of(ThinkingComplete)] == [standin_module.THOUGHT] * 2
+    first_end = next(i for i, e in enumerate(events) if isinstance(e, TurnEnd))
+    assert events.index(tool) < first_end
+    assert [type(e) for e in events[first_end - 1 : first_end + 1]] == [Usage, TurnEnd]
+    live_stats = live.daemon.session_stats(state.request.session_id)
+    assert live_stats is not None
+    assert (live_stats.output_tokens, live_stats.output_estimated) == (tokens.output_tokens, False)
     # The context: the last call's whole prompt and answer, as served; Copilot's own
     # estimate (system prompt and tools included) against its prompt limit before each call.
     assert finished.context is not None
