@@ -48,6 +48,26 @@ OPTIONS: Final = [
 ]
 """The answers OpenCode accepts for every permission request."""
 
+KINDS: Final = {
+    "bash": "execute",
+    "shell": "execute",
+    "webfetch": "fetch",
+    "edit": "edit",
+    "apply_patch": "edit",
+    "patch": "edit",
+    "write": "edit",
+    "grep": "search",
+    "glob": "search",
+    "context": "search",
+    "context7_resolve_library_id": "search",
+    "context7_get_library_docs": "search",
+    "read": "read",
+    "task": "think",
+}
+"""A permission's kind (a request's ``category``), as ``opencode acp`` 1.18 names it: a
+rule on ``execute`` matches OpenCode's shell whether busd drives ``opencode serve`` or
+``opencode acp``. Anything else is ``other``."""
+
 REPLIES: Final[dict[str, Literal["allowed", "denied"]]] = {
     "once": "allowed",
     "always": "allowed",
@@ -188,6 +208,11 @@ def signature(part: Mapping[str, Any]) -> str | None:
         if sig is not None:
             return sig
     return None
+
+
+def kind_of(permission: str) -> str:
+    """The ACP kind of an OpenCode permission (``bash`` → ``execute``; see :data:`KINDS`)."""
+    return KINDS.get(permission.lower(), "other")
 
 
 def finish_reason(reason: str) -> str:

@@ -21,9 +21,14 @@ so it is never retried.
 Permission requests are built by a private :class:`OpenCodeTranslator` fed
 the same events, so the request the driver awaits is exactly the one the
 daemon's translator published. The answer goes back with
-``POST /session/{id}/permissions/{permissionID}``: ``always`` for an
-``always``/``allow_always`` choice, ``once`` for any other allow, ``reject``
-otherwise. A request answered elsewhere (the OpenCode TUI) stops waiting.
+``POST /permission/{requestID}/reply`` (``POST
+/session/{id}/permissions/{permissionID}`` for an older server's
+``permission.updated``): ``always`` for an ``always``/``allow_always``
+choice, ``once`` for any other allow, ``reject`` otherwise. A denial's
+reason (a frontend's words, ``--deny bash``, the daemon's timeout) goes with
+the ``reject`` as its ``message``: OpenCode tells the model that feedback
+and goes on; a ``reject`` without one stops the turn, as OpenCode's own
+Reject does. A request answered elsewhere (the OpenCode TUI) stops waiting.
 
 Request fields:
 
@@ -62,8 +67,16 @@ stops it (its whole process group) when the run ends or is cancelled; see
 or an unreachable server fails with an error that says what to do.
 
 Cancellation: Trio cancellation of :meth:`OpenCodeDriver.run` after the
-prompt was sent aborts the session (``POST /session/{id}/abort``, shielded,
-at most 2 s); the stream and the HTTP client are closed on the way out.
+prompt was sent has OpenCode abort the session (``POST
+/session/{id}/abort``) and reads the stream on, shielded, until the
+session's idle (at most :data:`ABORT_TIMEOUT` for the abort and
+:data:`STOP_READING` for the rest): the bus gets OpenCode's own end of the
+turn (``MessageAbortedError``, an idle that says ``aborted``, the partial
+text ``stopped``), not only what busd closes itself, and the server has
+stopped the model call before a server busd started is stopped. Then the
+cancellation comes out; what failed meanwhile (the prompt's request, say)
+is no error. Pending permission requests stop waiting at once. The stream
+and the HTTP client are closed on the way out.
 """
 
 from __future__ import annotations
@@ -101,6 +114,8 @@ DEFAULT_MODEL: Final = "anthropic/claude-sonnet-4-5"
 DEFAULT_PROVIDER: Final = "anthropic"
 ABORT_TIMEOUT: Final = 2.0
 """How long a cancelled run waits for the server to take its abort."""
+STOP_READING: Final = 3.0
+"""How long, after its abort was taken, a cancelled run reads on for the session's idle."""
 PROMPT_GRACE: Final = 2.0
 """How long, after the idle, the run waits for the prompt request to answer."""
 CONNECT_TIMEOUT: Final = 10.0
@@ -212,6 +227,18 @@ def reply_for(decision: PermissionDecision) -> str:
     return "always" if decision.option_id in ("always", "allow_always") else "once"
 
 
+def reply_request(
+    request_id: str, sid: str, reply: str, message: str | None, *, current: bool
+) -> tuple[str, dict[str, str]]:
+    """``(path, body)`` of the answer: the current endpoint, or an older server's."""
+    if not current:
+        return f"/session/{sid}/permissions/{request_id}", {"response": reply}
+    body = {"reply": reply}
+    if reply == "reject" and message:
+        body["message"] = message  # OpenCode's feedback to the model
+    return f"/permission/{request_id}/reply", body
+
+
 # -- the driver ---------------------------------------------------------------------
 
 
@@ -317,24 +344,59 @@ class _Run:
         self._error: Exception | None = None
         self._prompt_done = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self._work = trio.CancelScope(shield=True)  # the run's cancellation only asks it to end
+        self._over = False
+        self.cancelled = False
 
     async def drive(self, raws: AsyncIterator[object]) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._prompt)
+        """Prompt, and read until the idle; cancelled, abort and read on until the idle."""
+        async with trio.open_nursery() as guard:
+            guard.start_soon(self._until_cancelled)
             try:
-                await self._read(raws)
-            except Exception as exc:  # the connection dropped, say: no group, just the error
-                self._fail(exc)
-            if self.idle:
-                with trio.move_on_after(PROMPT_GRACE):
-                    await self._prompt_done.wait()
-            nursery.cancel_scope.cancel()
+                with self._work:
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        nursery.start_soon(self._prompt)
+                        try:
+                            await self._read(raws)
+                        except Exception as exc:  # the connection dropped, say: just the error
+                            self._fail(exc)
+                        if self.idle and not self.cancelled:
+                            with trio.move_on_after(PROMPT_GRACE):
+                                await self._prompt_done.wait()
+                        nursery.cancel_scope.cancel()
+            finally:
+                self._over = True
+                guard.cancel_scope.cancel()
+        if self.cancelled:
+            await trio.lowlevel.checkpoint()  # the run's cancellation comes out here
         if self._error is not None:
             raise self._error
 
+    async def _until_cancelled(self) -> None:
+        """Wait for the run's cancellation; then have the work abort and wrap up."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            if not self._over:
+                self._cancel()
+
+    def _cancel(self) -> None:
+        """The run is cancelled: abort the session and read on, bounded, until its idle."""
+        self.cancelled = True
+        for waiting in self._waiting.values():
+            waiting.cancel()  # the abort answers them
+        if self._nursery is None or not self.prompted:
+            self._work.cancel()  # nothing asked of OpenCode yet: nothing to wait for
+            return
+        self._work.deadline = trio.current_time() + ABORT_TIMEOUT + STOP_READING
+        self._nursery.start_soon(_abort, self._client, self.sid)
+
     def _fail(self, exc: Exception) -> None:
-        """End the run with ``exc`` (the first failure wins)."""
+        """End the run with ``exc`` (the first failure wins); once cancelled, no failure."""
+        if self.cancelled:
+            logger.debug("opencode: after the cancel of session %s: %r", self.sid, exc)
+            return
         if self._error is None:
             self._error = exc
         assert self._nursery is not None
@@ -398,9 +460,10 @@ class _Run:
         self._context.feed(raw)
         for emitted in self._shadow.feed(raw, trio.current_time()):
             event = emitted.event
-            if isinstance(event, PermissionRequested):
+            if isinstance(event, PermissionRequested) and not self.cancelled:
                 assert self._nursery is not None
-                self._nursery.start_soon(self._answer, event, sid)
+                current = kind == "permission.asked"
+                self._nursery.start_soon(self._answer, event, sid, current)
             elif isinstance(event, PermissionResolved) and event.request_id in self._waiting:
                 self._waiting[event.request_id].cancel()  # answered elsewhere
         if sid == self.sid:
@@ -432,10 +495,11 @@ class _Run:
 
     # -- permissions and limits -------------------------------------------------------
 
-    async def _answer(self, request: PermissionRequested, sid: str) -> None:
+    async def _answer(self, request: PermissionRequested, sid: str, current: bool) -> None:
         from opencode_ai import APIStatusError
 
         auto = self._plan.auto_allow
+        message: str | None = None
         try:
             if auto is None or (request.category or "") in auto:
                 reply = "once"
@@ -449,11 +513,10 @@ class _Run:
                 if scope.cancelled_caught:
                     return
                 reply = reply_for(decision)
-            await self._client.post(
-                f"/session/{sid}/permissions/{request.request_id}",
-                body={"response": reply},
-                cast_to=object,
-            )
+                if decision.outcome == "denied":  # not cancelled: that stops the turn
+                    message = decision.reason
+            path, body = reply_request(request.request_id, sid, reply, message, current=current)
+            await self._client.post(path, body=body, cast_to=object)
         except APIStatusError as exc:
             if exc.status_code != 404:  # 404: answered and gone already
                 self._fail(exc)

@@ -11,12 +11,22 @@ carries increments. Text and reasoning deltas look the same
 One assistant message is one model call, hence one turn (``turn_id`` = the
 message id). Its ``tokens`` and ``cost`` are cumulative within the message
 and restart at the next one, which is exactly what
-:class:`busd.UsageLedger` with ``cumulative=True`` adds up.
+:class:`busd.UsageLedger` with ``cumulative=True`` adds up. OpenCode
+serializes a message when it sends the event, so on a busy machine the
+``message.updated`` announcing a message can already say it is done (its
+finish, its tokens) ahead of its parts: such a turn ends, and its usage is
+counted, at its ``step-finish`` part (or the idle), after its text.
 
 Sessions keep OpenCode's own ids. A child session (a ``task`` tool's
 sub-agent) is also a sub-agent: its events carry ``agent_id`` = its session
 id, and the ``task`` call that spawned it emits ``stream.agent.start`` /
 ``stream.agent.complete`` in the parent session.
+
+A permission request (``permission.asked``) names the tool call's tool
+(``bash``, ``write``) as its ``tool``, and its ``category`` is the kind
+``opencode acp`` gives the permission (``bash`` → ``execute``, ``edit`` →
+``edit``: ``_wire.KINDS``), so one rule matches OpenCode however busd drives
+it; OpenCode's own permission name is the ``permission`` annotation.
 
 ``opencode run --format json`` lines are read as the ``/event`` payloads
 that say the same (``_wire.from_run``). Both generations of the stream are
@@ -61,6 +71,7 @@ from busd import (
     normalize_usage,
 )
 
+from ._state import Part, Session, Tool, Turn
 from ._wire import (
     MESSAGE_ERRORS,
     OPTIONS,
@@ -73,6 +84,7 @@ from ._wire import (
     finish_reason,
     from_run,
     ident,
+    kind_of,
     mapping,
     number,
     session_of,
@@ -83,77 +95,6 @@ from ._wire import (
 
 __all__ = ["OpenCodeTranslator"]
 
-# -- state ------------------------------------------------------------------------
-
-
-class _Session:
-    __slots__ = (
-        "aborted",
-        "agent_id",
-        "cwd",
-        "errored",
-        "id",
-        "idle",
-        "key",
-        "model",
-        "parent",
-        "started",
-        "title",
-    )
-
-    def __init__(self, sid: str | None, key: str) -> None:
-        self.id = sid
-        self.key = key
-        self.started = False
-        self.idle = False
-        self.aborted = False
-        self.errored = False
-        self.model: str | None = None
-        self.cwd: str | None = None
-        self.title: str | None = None
-        self.parent: str | None = None
-        self.agent_id: str | None = None
-
-
-class _Turn:
-    __slots__ = ("id", "reason", "session")
-
-    def __init__(self, mid: str, session: _Session) -> None:
-        self.id = mid
-        self.session = session
-        self.reason: str | None = None
-
-
-class _Part:
-    """An open text or reasoning part."""
-
-    __slots__ = ("chunks", "first_now", "id", "kind", "session", "size", "turn_id")
-
-    def __init__(self, pid: str, kind: str, session: _Session, turn_id: str) -> None:
-        self.id = pid
-        self.kind = kind
-        self.session = session
-        self.turn_id = turn_id
-        self.chunks: list[str] = []
-        self.size = 0
-        self.first_now: float | None = None
-
-
-class _Tool:
-    """A tool call (tool part) that has not finished."""
-
-    __slots__ = ("agent", "call_id", "input", "name", "partial", "session", "started")
-
-    def __init__(self, call_id: str, name: str, session: _Session) -> None:
-        self.call_id = call_id
-        self.name = name
-        self.session = session
-        self.started = False
-        self.input: dict[str, Any] = {}
-        self.partial: str | None = None
-        self.agent: str | None = None
-
-
 _Handler = Callable[[Mapping[str, Any], float, list[Emitted]], None]
 
 
@@ -163,11 +104,11 @@ class OpenCodeTranslator(Translator):
     def __init__(self, *, session_id: str | None = None, adapter: str = "opencode") -> None:
         super().__init__(session_id=session_id, adapter=adapter)
         self._ledger = UsageLedger()
-        self._sessions: dict[str, _Session] = {}
-        self._turns: dict[str, _Turn] = {}  # open assistant messages
-        self._parts: dict[str, _Part] = {}  # open text and reasoning parts
-        self._tools: dict[str, _Tool] = {}  # unfinished tool parts, by part id
-        self._permissions: dict[str, _Session] = {}  # unanswered requests
+        self._sessions: dict[str, Session] = {}
+        self._turns: dict[str, Turn] = {}  # open assistant messages
+        self._parts: dict[str, Part] = {}  # open text and reasoning parts
+        self._tools: dict[str, Tool] = {}  # unfinished tool parts, by part id
+        self._permissions: dict[str, Session] = {}  # unanswered requests
         self._users = Recent()  # user message ids: their parts are the prompt
         self._closed = Recent()  # finished turn, part and request ids
         self._seen = Recent()  # raw event ids
@@ -237,17 +178,17 @@ class OpenCodeTranslator(Translator):
 
     # -- sessions -----------------------------------------------------------------
 
-    def _emit(self, out: list[Emitted], session: _Session, event: Event) -> None:
+    def _emit(self, out: list[Emitted], session: Session, event: Event) -> None:
         out.append(self.emit(event, session_id=session.id, agent_id=session.agent_id))
 
-    def _session(self, sid: str | None) -> _Session:
+    def _session(self, sid: str | None) -> Session:
         key = sid or self.session_id or ""
         session = self._sessions.get(key)
         if session is None:
-            session = self._sessions[key] = _Session(sid, key)
+            session = self._sessions[key] = Session(sid, key)
         return session
 
-    def _begin(self, sid: str | None, out: list[Emitted]) -> _Session:
+    def _begin(self, sid: str | None, out: list[Emitted]) -> Session:
         """The session, announced with ``stream.session.start`` the first time it says something."""
         session = self._session(sid)
         if not session.started:
@@ -306,7 +247,7 @@ class OpenCodeTranslator(Translator):
     def _on_idle(self, props: Mapping[str, Any], now: float, out: list[Emitted]) -> None:
         self._idle(self._session(session_of(props)), now, out)
 
-    def _idle(self, session: _Session, now: float, out: list[Emitted]) -> None:
+    def _idle(self, session: Session, now: float, out: list[Emitted]) -> None:
         """Idle once (OpenCode says it twice: ``session.status`` idle, then ``session.idle``)."""
         if session.idle:
             return
@@ -335,18 +276,20 @@ class OpenCodeTranslator(Translator):
 
     # -- turns and usage ------------------------------------------------------------
 
-    def _turn(self, session: _Session, mid: str, out: list[Emitted]) -> _Turn | None:
+    def _turn(self, session: Session, mid: str, out: list[Emitted]) -> Turn | None:
         """The open turn of assistant message ``mid``, started now if new; None once ended."""
         turn = self._turns.get(mid)
         if turn is None:
             if mid in self._closed:
                 return None
-            turn = self._turns[mid] = _Turn(mid, session)
+            turn = self._turns[mid] = Turn(mid, session)
             session.idle = False
             self._emit(out, session, TurnStart(turn_id=mid))
         return turn
 
-    def _end_turn(self, turn: _Turn, now: float, out: list[Emitted], *, stopped: bool) -> None:
+    def _end_turn(self, turn: Turn, now: float, out: list[Emitted], *, stopped: bool) -> None:
+        if turn.done is not None:  # the usage its early end carried, now that its text is in
+            self._usage(turn.session, turn.id, turn.done, out)
         del self._turns[turn.id]
         self._closed.add(turn.id)
         reason = turn.reason or ("cancelled" if stopped else "end_turn")
@@ -356,7 +299,7 @@ class OpenCodeTranslator(Translator):
         self._emit(out, turn.session, TurnEnd(turn_id=turn.id, finish_reason=reason))
 
     def _usage(
-        self, session: _Session, mid: str, payload: Mapping[str, Any], out: list[Emitted]
+        self, session: Session, mid: str, payload: Mapping[str, Any], out: list[Emitted]
     ) -> None:
         usage = normalize_usage(payload, provider="opencode")
         if not (
@@ -395,11 +338,18 @@ class OpenCodeTranslator(Translator):
             session.cwd = ident(mapping(info.get("path")).get("cwd")) or session.cwd
             self._begin(session.id, out)
         turn = self._turn(session, mid, out)
+        error = mapping(info.get("error"))
+        finish = ident(info.get("finish"))
+        done = finish is not None or mapping(info.get("time")).get("completed") is not None
+        if turn is not None and done and not error and not turn.stepped:
+            # Said before its parts (OpenCode serializes the message late, when it sends
+            # the event): the turn ends, with this usage, at its step-finish or the idle.
+            turn.reason = finish_reason(finish) if finish is not None else turn.reason
+            turn.done = info
+            return
         self._usage(session, mid, info, out)
         if turn is None:
             return
-        error = mapping(info.get("error"))
-        finish = ident(info.get("finish"))
         if error:
             name = ident(error.get("name")) or ""
             turn.reason = MESSAGE_ERRORS.get(name, "error")
@@ -407,7 +357,7 @@ class OpenCodeTranslator(Translator):
                 session.aborted = True
         elif finish is not None:
             turn.reason = finish_reason(finish)
-        if error or finish is not None or mapping(info.get("time")).get("completed") is not None:
+        if error or done:
             self._end_turn(turn, now, out, stopped=False)
 
     # -- parts ----------------------------------------------------------------------
@@ -433,15 +383,19 @@ class OpenCodeTranslator(Translator):
         elif kind == "step-finish":
             turn = self._turns.get(mid)
             reason = ident(part.get("reason"))
-            if turn is not None and reason is not None:
-                turn.reason = finish_reason(reason)
+            if turn is not None:
+                turn.stepped = True
+                if reason is not None:
+                    turn.reason = finish_reason(reason)
             self._usage(session, mid, part, out)
+            if turn is not None and turn.done is not None:
+                self._end_turn(turn, now, out, stopped=False)
         elif kind != "step-start":
             self.unknown(f"message.part.updated:{kind}")
 
     def _on_text(
         self,
-        session: _Session,
+        session: Session,
         mid: str,
         pid: str,
         kind: str,
@@ -452,7 +406,7 @@ class OpenCodeTranslator(Translator):
     ) -> None:
         p = self._parts.get(pid)
         if p is None:
-            p = self._parts[pid] = _Part(pid, kind, session, mid)
+            p = self._parts[pid] = Part(pid, kind, session, mid)
         text = part.get("text")
         snapshot = text if isinstance(text, str) else None
         if isinstance(delta, str):  # the older stream sends deltas on the update itself
@@ -465,7 +419,15 @@ class OpenCodeTranslator(Translator):
         time = mapping(part.get("time"))
         if time.get("end") is not None:
             duration = span(time) if kind == "reasoning" else None
-            self._complete(p, now, out, text=snapshot, duration=duration, signature=signature(part))
+            self._complete(
+                p,
+                now,
+                out,
+                text=snapshot,
+                duration=duration,
+                signature=signature(part),
+                stopped=session.aborted,  # ended by the abort, after its session.error
+            )
 
     def _on_delta(self, props: Mapping[str, Any], now: float, out: list[Emitted]) -> None:
         pid = ident(field(props, "partID", "part_id"))
@@ -485,11 +447,11 @@ class OpenCodeTranslator(Translator):
             session = self._begin(session_of(props), out)
             if mid:
                 self._turn(session, mid, out)
-            p = self._parts[pid] = _Part(pid, "text", session, mid)
+            p = self._parts[pid] = Part(pid, "text", session, mid)
         if delta:
             self._delta(p, delta, now, out)
 
-    def _delta(self, p: _Part, text: str, now: float, out: list[Emitted]) -> None:
+    def _delta(self, p: Part, text: str, now: float, out: list[Emitted]) -> None:
         p.chunks.append(text)
         p.size += len(text)
         if p.kind == "reasoning":
@@ -501,7 +463,7 @@ class OpenCodeTranslator(Translator):
 
     def _complete(
         self,
-        p: _Part,
+        p: Part,
         now: float,
         out: list[Emitted],
         *,
@@ -530,14 +492,14 @@ class OpenCodeTranslator(Translator):
     # -- tools ----------------------------------------------------------------------
 
     def _on_tool(
-        self, session: _Session, pid: str, part: Mapping[str, Any], out: list[Emitted]
+        self, session: Session, pid: str, part: Mapping[str, Any], out: list[Emitted]
     ) -> None:
         state = mapping(part.get("state"))
         status = state.get("status")
         tool = self._tools.get(pid)
         if tool is None:
             call_id = ident(field(part, "callID", "call_id")) or pid
-            tool = self._tools[pid] = _Tool(call_id, ident(part.get("tool")) or "unknown", session)
+            tool = self._tools[pid] = Tool(call_id, ident(part.get("tool")) or "unknown", session)
         if status == "pending":  # the input is still streaming (``raw``): nothing to say yet
             return
         if status not in ("running", "completed", "error"):
@@ -587,7 +549,7 @@ class OpenCodeTranslator(Translator):
         if tool.agent is not None:
             self._emit(out, session, AgentComplete(agent_id=tool.agent, status=outcome))
 
-    def _spawn(self, tool: _Tool, metadata: Mapping[str, Any], out: list[Emitted]) -> None:
+    def _spawn(self, tool: Tool, metadata: Mapping[str, Any], out: list[Emitted]) -> None:
         """A ``task`` call names its child session once it runs: that session is a sub-agent."""
         child = ident(field(metadata, "sessionId", "sessionID"))
         if child is None:
@@ -626,6 +588,7 @@ class OpenCodeTranslator(Translator):
         annotations = {
             key: value
             for key, value in (
+                ("permission", permission),
                 ("patterns", patterns),
                 ("always", strings(props.get("always"))),
                 ("metadata", dict(mapping(props.get("metadata")))),
@@ -641,7 +604,7 @@ class OpenCodeTranslator(Translator):
             input=dict(tool.input) if tool is not None else {},
             tool_call_id=call_id,
             title=title,
-            category=permission,
+            category=kind_of(permission),
             annotations=annotations,
             options=OPTIONS,
         )
@@ -669,7 +632,7 @@ class OpenCodeTranslator(Translator):
 
     # -- the end of a busy period ---------------------------------------------------
 
-    def _settle(self, session: _Session, now: float, out: list[Emitted], *, stopped: bool) -> None:
+    def _settle(self, session: Session, now: float, out: list[Emitted], *, stopped: bool) -> None:
         """Close what a session left open: parts, tool calls, then turns."""
         for p in [p for p in self._parts.values() if p.session is session]:
             self._complete(p, now, out, stopped=stopped)

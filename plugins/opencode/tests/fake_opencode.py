@@ -5,8 +5,8 @@ records every request. ``GET /event`` is an SSE stream that sends the
 script's first line at once (``server.connected``: the subscription is live),
 waits for a prompt, then replays the rest with the fixture's session id
 rewritten to the prompted one. After a permission request it waits for the
-driver's reply; a ``reject`` switches to ``rejected`` (the rest of the run as
-OpenCode tells a rejection). ``POST /session/{id}/message`` answers, like
+driver's reply (on either endpoint); a ``reject`` switches to ``rejected``
+(the rest of the run as OpenCode tells a rejection). ``POST /session/{id}/message`` answers, like
 OpenCode, only when the replay is over; an abort ends the replay the way
 OpenCode ends an aborted prompt.
 """
@@ -38,7 +38,8 @@ def fixture() -> list[Raw]:
 def rejection(script: Sequence[Raw]) -> list[Raw]:
     """What follows a rejected permission in ``script``: the tool fails, the message ends, idle."""
     asked = next(r for r in script if r["type"] in PERMISSION_KINDS)["properties"]
-    call = asked["tool"]["callID"]
+    ref = asked.get("tool") or asked  # the older generation names the call on the request
+    call, message = ref["callID"], ref["messageID"]
     tool = next(
         r
         for r in script
@@ -56,7 +57,7 @@ def rejection(script: Sequence[Raw]) -> list[Raw]:
         r
         for r in script
         if r["type"] == "message.updated"
-        and r["properties"]["info"]["id"] == asked["tool"]["messageID"]
+        and r["properties"]["info"]["id"] == message
         and "completed" in r["properties"]["info"]["time"]
     )
     replied = {
@@ -124,7 +125,14 @@ class FakeOpenCode:
 
     @property
     def permission_replies(self) -> list[Recorded]:
-        return [r for r in self.calls("POST", "/session/") if "/permissions/" in r.path]
+        """Replies on either endpoint: ``/permission/{id}/reply`` (current servers) or
+        ``/session/{id}/permissions/{id}`` (the older one)."""
+        return [
+            r
+            for r in self.requests
+            if r.method == "POST"
+            and (r.path.startswith("/permission/") or "/permissions/" in r.path)
+        ]
 
     @property
     def aborts(self) -> list[Recorded]:
@@ -162,6 +170,9 @@ class FakeOpenCode:
 
     async def _route(self, r: Recorded) -> tuple[int, object]:
         parts = r.path.strip("/").split("/")
+        if r.method == "POST" and len(parts) == 3 and parts[0] == "permission":
+            self._replied.set()
+            return 200, True
         if r.method != "POST" or parts[0] != "session":
             return 404, {"error": f"no route {r.method} {r.path}"}
         if len(parts) == 1:
@@ -229,7 +240,7 @@ class FakeOpenCode:
                     break
                 self._replied = trio.Event()
                 reply = self.permission_replies[-1].body or {}
-                if reply.get("response") == "reject":
+                if "reject" in (reply.get("reply"), reply.get("response")):
                     queue = rejection(self.script) if self.rejected is None else list(self.rejected)
         if self.stall:
             await self.aborted.wait()

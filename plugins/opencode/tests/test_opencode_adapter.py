@@ -139,7 +139,8 @@ def test_permission_is_asked_and_answered_once() -> None:
     assert asked.tool == "bash"
     assert asked.tool_call_id == CALL
     assert asked.input["command"] == "git branch --show-current"
-    assert asked.category == "bash"
+    assert asked.category == "execute"  # the kind OpenCode's own ACP agent gives it
+    assert asked.annotations["permission"] == "bash"  # OpenCode's name for it
     assert asked.annotations["always"] == ["git branch *"]
     assert [(o.id, o.kind) for o in asked.options] == [
         ("once", "allow_once"),
@@ -264,6 +265,29 @@ def test_permission_replies_map_to_outcomes(reply: str, outcome: str) -> None:
     assert (answer.outcome, answer.option_id) == (outcome, reply)
 
 
+@pytest.mark.parametrize(
+    ("permission", "category"),
+    [
+        ("bash", "execute"),
+        ("edit", "edit"),
+        ("read", "read"),
+        ("glob", "search"),
+        ("grep", "search"),
+        ("webfetch", "fetch"),
+        ("task", "think"),
+        ("external_directory", "other"),
+    ],
+)
+def test_a_permissions_category_is_its_kind_as_opencode_acp_says_it(
+    permission: str, category: str
+) -> None:
+    """Rules on a category (``execute``) match OpenCode driven either way: serve or ACP."""
+    out = run([ev("permission.asked", id="r1", permission=permission, patterns=["x"])])
+    (request,) = of(out, PermissionRequested)
+    assert (request.tool, request.category) == (permission, category)
+    assert request.annotations["permission"] == permission
+
+
 def test_older_permission_events_are_read_too() -> None:
     out = run(
         [
@@ -329,6 +353,26 @@ def test_abort_ends_the_turn_cancelled_and_idles_aborted() -> None:
     assert of(out, SessionError) == []
     assert of(out, TurnEnd)[0].finish_reason == "cancelled"
     assert of(out, TextComplete)[0].stopped
+    assert events(out)[-1] == SessionIdle(aborted=True)
+
+
+def test_text_ended_after_an_abort_is_stopped_in_whatever_order_opencode_says_it() -> None:
+    """OpenCode 1.18 closes the aborted text part after its ``session.error`` (seen live:
+    error, idle, then the part with ``time.end``); before the idle, it is still cut short."""
+    out = run(
+        [
+            ev("session.status", status={"type": "busy"}),
+            assistant("a1"),
+            part(id="p-t", type="text", text=""),
+            ev("message.part.delta", messageID="a1", partID="p-t", field="text", delta="Hi"),
+            ev("session.error", error={"name": "MessageAbortedError", "data": {"message": "x"}}),
+            part(id="p-t", type="text", text="Hi", time={"start": 1, "end": 2}),
+            ev("session.status", status={"type": "idle"}),
+        ]
+    )
+    (text,) = of(out, TextComplete)
+    assert (text.text, text.stopped) == ("Hi", True)
+    assert of(out, TurnEnd)[0].finish_reason == "cancelled"
     assert events(out)[-1] == SessionIdle(aborted=True)
 
 

@@ -286,7 +286,7 @@ async def test_attached_mid_answer_the_pending_permission_is_on_the_bus(
                 await b.until(lambda: b.of(sid, PermissionRequested))
                 (asked,) = b.of(sid, PermissionRequested)
                 assert (asked.tool, asked.input["command"]) == ("bash", "echo hello")
-                assert (asked.title, asked.category) == ("bash: echo hello", "bash")
+                assert (asked.title, asked.category) == ("bash: echo hello", "execute")
                 assert b.of(sid, TextComplete)[0].text == SAID  # the open message, so far
                 reply = {"reply": "once"}
                 answer = await http.post(f"/permission/{asked.request_id}/reply", json=reply)

@@ -204,7 +204,7 @@ def test_pending_permissions_and_a_busy_status_are_part_of_the_backlog() -> None
     (asked,) = of(out, PermissionRequested)
     assert (asked.request_id, asked.category, asked.title) == (
         "per_1",
-        "bash",
+        "execute",
         "bash: rm -rf build",
     )
     assert not of(out, SessionIdle)

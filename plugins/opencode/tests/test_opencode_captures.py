@@ -123,3 +123,28 @@ def test_an_error_line_of_the_run_format_is_a_session_error() -> None:
     (error,) = of(out, SessionError)
     assert (error.message, error.code, error.retryable) == ("overloaded", "APIError", True)
     assert stats.unknown == {}
+
+
+def test_a_message_announced_already_done_ends_its_turn_after_its_parts() -> None:
+    """OpenCode 1.18 serializes a ``message.updated`` when it sends it, not when it is
+    published: on a loaded machine the one announcing the answer's message already
+    carries its end (``finish``, ``time.completed``, the call's tokens), ahead of the
+    message's parts (seen live in 1 run of 4). The turn still ends after its text,
+    and its usage still follows its text (else that text would count again, estimated)."""
+    text = (SDK / "opencode-serve-event.sse").read_text()
+    raws = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    answer = of(feed(raws)[0], TurnStart)[-1].turn_id
+
+    def said(raw: dict[str, Any]) -> bool:
+        info = raw.get("properties", {}).get("info", {})
+        return bool(raw["type"] == "message.updated" and info.get("id") == answer)
+
+    first = next(i for i, raw in enumerate(raws) if said(raw))
+    last = max(i for i, raw in enumerate(raws) if said(raw))
+    assert "completed" not in raws[first]["properties"]["info"]["time"]  # in the recording
+    early = [*raws[:first], {**raws[last], "id": "evt_early"}, *raws[first + 1 :]]
+
+    out, stats = feed(early)
+    assert (stats.unknown, stats.malformed) == ({}, {})
+    assert_the_turn(out)
+    assert [e.event for e in out] == [e.event for e in feed(raws)[0]]  # as if in order

@@ -13,6 +13,7 @@ from busd_opencode import OpenCodeAdapter, OpenCodeDriver, busd_drivers
 from busd_opencode.driver import OpenCodeRunError, UnsupportedOption, plan_run, reply_for
 from fake_opencode import FIXTURE_SESSION, FakeOpenCode, Raw, fixture
 from opencode_ai import InternalServerError
+from test_opencode_live import streams_left_reading
 
 from busd import (
     Driver,
@@ -24,7 +25,10 @@ from busd import (
     RunContext,
     RunRequest,
     SessionIdle,
+    TextComplete,
+    TextDelta,
     ToolComplete,
+    TurnEnd,
     Usage,
 )
 
@@ -162,11 +166,11 @@ async def test_the_permission_awaited_is_the_one_the_translator_published() -> N
 
 async def test_an_allowed_permission_is_replied_once_exactly_once() -> None:
     fake = FakeOpenCode()
-    context = await drive(fake)
+    await drive(fake)
 
     (reply,) = fake.permission_replies
-    assert reply.path == f"/session/{context.sdk_sessions[0]}/permissions/{PERMISSION}"
-    assert reply.body == {"response": "once"}
+    assert reply.path == f"/permission/{PERMISSION}/reply"
+    assert reply.body == {"reply": "once"}
     assert not fake.aborts
 
 
@@ -174,12 +178,61 @@ async def test_a_denied_permission_is_replied_reject_and_the_tool_fails() -> Non
     fake = FakeOpenCode()
     context = await drive(fake, deny)
 
-    assert [r.body for r in fake.permission_replies] == [{"response": "reject"}]
+    assert [r.body for r in fake.permission_replies] == [{"reply": "reject"}]
     (resolved,) = context.of(PermissionResolved)
     assert resolved.outcome == "denied"
     (tool,) = context.of(ToolComplete)
     assert tool.status == "error"
     assert context.of(SessionIdle)
+
+
+async def test_a_denial_with_a_reason_is_the_feedback_opencode_gives_the_model() -> None:
+    """OpenCode tells the model a rejection's ``message`` and carries on (without one, it
+    stops the turn, as its own Reject does)."""
+
+    async def not_now(request: PermissionRequested) -> PermissionDecision:
+        return PermissionDecision(outcome="denied", by="frontend", reason="not now")
+
+    fake = FakeOpenCode()
+    await drive(fake, not_now)
+
+    (reply,) = fake.permission_replies
+    assert reply.path == f"/permission/{PERMISSION}/reply"
+    assert reply.body == {"reply": "reject", "message": "not now"}
+
+
+async def test_a_cancelled_request_is_rejected_without_feedback_so_the_turn_stops() -> None:
+    async def cancelled(request: PermissionRequested) -> PermissionDecision:
+        return PermissionDecision(outcome="cancelled", by="busd", reason="the run was cancelled")
+
+    fake = FakeOpenCode()
+    await drive(fake, cancelled)
+
+    assert [r.body for r in fake.permission_replies] == [{"reply": "reject"}]
+
+
+async def test_an_older_servers_request_is_answered_on_its_own_endpoint() -> None:
+    """``permission.updated`` (the generation the SDK models) has no ``/permission/{id}/reply``."""
+    script = fixture()
+    for i, raw in enumerate(script):
+        if raw["type"] == "permission.asked":
+            asked = raw["properties"]
+            older = {
+                "id": asked["id"],
+                "sessionID": asked["sessionID"],
+                "type": asked["permission"],
+                "pattern": asked["patterns"],
+                "callID": asked["tool"]["callID"],
+                "messageID": asked["tool"]["messageID"],
+                "title": "git branch --show-current",
+            }
+            script[i] = {"type": "permission.updated", "properties": older}
+    fake = FakeOpenCode(script=script)
+    context = await drive(fake, deny)
+
+    (reply,) = fake.permission_replies
+    assert reply.path == f"/session/{context.sdk_sessions[0]}/permissions/{PERMISSION}"
+    assert reply.body == {"response": "reject"}  # that endpoint takes no message
 
 
 @pytest.mark.parametrize(
@@ -202,7 +255,7 @@ async def test_bypass_permissions_replies_without_asking() -> None:
     context = await drive(fake, permission_mode="bypassPermissions")
 
     assert not context.asked
-    assert [r.body for r in fake.permission_replies] == [{"response": "once"}]
+    assert [r.body for r in fake.permission_replies] == [{"reply": "once"}]
 
 
 async def test_a_resumed_run_reuses_the_opencode_session() -> None:
@@ -316,6 +369,34 @@ async def test_cancelling_a_run_aborts_the_session_and_closes_the_stream() -> No
 
     assert [r.path for r in fake.aborts] == [f"/session/{context.sdk_sessions[0]}/abort"]
     assert not fake.permission_replies
+
+
+async def test_a_run_cancelled_mid_answer_reads_opencodes_own_end_of_it() -> None:
+    """The driver has OpenCode abort the session, then reads on (shielded, bounded) until
+    the idle: the bus gets OpenCode's account (an idle that says ``aborted``, the text
+    ``stopped``), not just busd's, and the run's cancellation still comes out."""
+    fake = FakeOpenCode(script=fixture()[:9], stall=True)  # mid-text, then silence
+    async with serving(fake) as url:
+        context = Context(request(url))
+        with trio.fail_after(5):
+            with trio.CancelScope() as run:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(OpenCodeDriver().run, context)
+                    while not context.of(TextDelta):  # noqa: ASYNC110 - the fake's replay
+                        await trio.sleep(0.01)
+                    run.cancel()
+            await fake.unsubscribed.wait()
+
+    assert run.cancelled_caught  # cancelled, not failed: the abort's error is no error
+    assert streams_left_reading() == []  # the stream was read to the idle, then closed
+    assert len(fake.aborts) == 1
+    fed = [raw["type"] for raw in context.raw if isinstance(raw, dict)]
+    assert fed[-2:] == ["session.error", "session.status"]  # OpenCode's end: aborted, idle
+    (idle,) = context.of(SessionIdle)
+    assert idle.aborted
+    (text,) = context.of(TextComplete)
+    assert (text.text, text.stopped) == ("Let me check ", True)
+    assert [t.finish_reason for t in context.of(TurnEnd)] == ["cancelled"]
 
 
 async def test_a_permission_answered_elsewhere_stops_waiting() -> None:
