@@ -94,16 +94,21 @@ def short_tmp() -> Iterator[Path]:
 
 
 def _config(root: Path, sessions: Sequence[str] = (ALPHA, BETA, GAMMA)) -> Path:
-    """A copy of the recorded configuration directory with only ``sessions`` (and their agents)."""
+    """A copy of the recorded configuration directory with only ``sessions`` (and their agents).
+
+    Copied as just written (``shutil.copy``, not ``copy2``): a follower only
+    follows files written lately, and a checkout's own mtimes age (these
+    tests failed in a working tree older than the follow window).
+    """
     config = root / "config"
     for session in sessions:
         main = _main(session)
         target = config / "projects" / main.parent.name
         target.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(main, target / main.name)
+        shutil.copy(main, target / main.name)
         agents = main.with_suffix("")
         if agents.is_dir():
-            shutil.copytree(agents, target / agents.name)
+            shutil.copytree(agents, target / agents.name, copy_function=shutil.copy)
     return config
 
 
