@@ -5,7 +5,10 @@ own (:mod:`.spawn`: Ctrl-C in a terminal reaches busd only, and nothing the
 agent started outlives the run), speaks ACP to it (the ``agent-client-protocol``
 SDK's client side: ``initialize``, then ``session/new``, or ``session/load`` to
 continue an earlier run's session, then one ``session/prompt``) and stops it
-when the prompt is answered. Examples of ``command``: ``["opencode", "acp"]``,
+when the prompt is answered. ``initialize`` asks for ACP ``notice``
+updates (:mod:`.sdk_gaps`: the SDK's schema cannot), so an agent's warnings
+reach the bus as ``stream.session.warning``, not as answer text. Examples of
+``command``: ``["opencode", "acp"]``,
 ``["gemini", "--experimental-acp"]``, ``["goose", "acp"]``,
 ``["claude-agent-acp"]`` (npm ``@agentclientprotocol/claude-agent-acp``).
 
@@ -94,6 +97,7 @@ from busd import (
     __version__,
 )
 
+from .sdk_gaps import initialize
 from .spawn import spawn_agent
 from .translator import AcpTranslator
 
@@ -415,19 +419,12 @@ class _AgentSide:
             raise AcpAgentError(f"the agent answered an error: {exc} ({exc.code}){data}") from exc
 
     async def _converse(self, conn: ClientSideConnection, process: Process) -> str | None:
-        from acp import PROTOCOL_VERSION, text_block
-        from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
+        from acp import text_block
 
         request, options = self.request, self.options
         if self._stopping:  # stopped while the agent was starting
             return None
-        init = await conn.initialize(
-            protocol_version=PROTOCOL_VERSION,
-            client_capabilities=ClientCapabilities(
-                fs=FileSystemCapabilities(read_text_file=options.fs, write_text_file=options.fs)
-            ),
-            client_info=Implementation(name="busd", version=__version__),
-        )
+        init = await initialize(conn, fs=options.fs, name="busd", version=__version__)
         meta = dict(options.session_meta)
         if request.system_prompt is not None:
             meta["systemPrompt"] = request.system_prompt

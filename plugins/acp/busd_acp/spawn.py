@@ -28,6 +28,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .sdk_gaps import accept_newer_updates
+
 if TYPE_CHECKING:
     from acp.client.connection import ClientSideConnection
     from acp.connection import StreamObserver
@@ -71,6 +73,7 @@ async def spawn_agent(
         conn = ClientSideConnection(
             to_client, process.stdin, process.stdout, observers=list(observers)
         )
+        accept_newer_updates(conn)
         try:
             yield conn, process
         finally:
@@ -78,6 +81,7 @@ async def spawn_agent(
     finally:
         await _stop(process, shutdown_timeout)
         await _end_group(process.pid, shutdown_timeout)
+        await _drain(process.stdout, shutdown_timeout)
 
 
 async def _stop(process: aio_subprocess.Process, grace: float) -> None:
@@ -99,17 +103,38 @@ async def _stop(process: aio_subprocess.Process, grace: float) -> None:
     await process.wait()
 
 
+async def _drain(stdout: asyncio.StreamReader | None, grace: float) -> None:
+    """Read the agent's stdout to its end (up to ``grace`` seconds), so the pipe is closed.
+
+    The agent's exit is seen apart from its pipes' ends: when the connection
+    stopped reading first, the end of stdout may still wait in the event loop,
+    which the run's thread then closes with the pipe open (a ``ResourceWarning``
+    when it is collected; seen under load after a killed grandchild).
+    """
+    if stdout is None:
+        return
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(grace):
+            while await stdout.read(1 << 16):
+                pass  # the conversation is over: nothing left to feed
+
+
 async def _end_group(group: int, grace: float) -> None:
-    """SIGTERM to what is left of the agent's process group; SIGKILL after ``grace`` seconds."""
+    """SIGTERM to what is left of the agent's process group; SIGKILL after ``grace`` seconds.
+
+    Then up to ``grace`` seconds more until the killed are gone: a SIGKILL is
+    not an exit, and on a loaded machine the process lingers a moment after it.
+    """
     if not group_members(group):
         return
-    _signal_group(group, signal.SIGTERM)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace
-    while group_members(group) and loop.time() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(_POLL)  # orphans: no exit to wait for, only their absence
-    if group_members(group):
-        _signal_group(group, signal.SIGKILL)
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        _signal_group(group, signum)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while group_members(group) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(_POLL)  # orphans: no exit to wait for, only their absence
+        if not group_members(group):
+            return
 
 
 def _signal_group(group: int, signum: int) -> None:

@@ -39,6 +39,9 @@ Choices the protocol leaves open:
   waiting for a permission is not counted. ``failed`` is ``status="error"``,
   also in a cancelled turn; a tool still open when its turn ends is
   ``cancelled``.
+- ``notice`` (and an answer chunk the agent marks as a notice) becomes
+  ``stream.session.warning`` or ``stream.session.info``
+  (:mod:`busd_acp.notices`), never answer text.
 - ``plan`` (and ``plan_update``/``plan_removed``) becomes
   ``stream.session.info`` with a checklist; ``current_mode_update`` too.
   ``available_commands_update`` and ``config_option_update`` emit nothing.
@@ -48,6 +51,10 @@ Choices the protocol leaves open:
   carries counts (:mod:`busd_acp.usage`: ``_meta.quota`` or the unstable
   ``usage``), with that cost attached. Those sum the turn's calls, so the
   last ``usage_update`` is said again after them: the agent's context wins.
+  In a session continued with ``session/load`` (or ``resume``) that cost
+  also holds the runs before the load, which this stream never saw
+  (claude-agent-acp: Claude Code restores it), while the counts are this
+  stream's own: there the cost is busd's price of the counts, per model.
 - Permission request ids are ``f"acp-{id}"`` of the agent's JSON-RPC id. An
   answer is ``allowed`` or ``denied`` by the selected option's kind,
   ``cancelled`` for ACP's cancelled outcome or an error response; a request
@@ -59,7 +66,7 @@ Choices the protocol leaves open:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypeGuard
+from typing import Any, Literal
 
 import msgspec
 
@@ -90,281 +97,31 @@ from busd import (
     as_mapping,
 )
 
-from .usage import ModelBreakdown, turn_models, turn_usage, update_cost
+from .notices import notice_event, transcript_notice
+from .reading import (
+    AGENT_METHODS,
+    CLIENT_METHODS,
+    CLIENT_PREFIXES,
+    EMPTY,
+    FATAL_ERRORS,
+    OPTION_KINDS,
+    REMEMBERED,
+    SESSION_OPENERS,
+    JsonRpcId,
+    agent_tool_name,
+    count,
+    get,
+    input_of,
+    is_id,
+    plan_summary,
+    string,
+    tool_output,
+)
+from .state import Part, Pending, Requests, SessionState, Tool
 from .usage import as_map as _map
+from .usage import priced, turn_models, turn_usage, update_cost
 
 __all__ = ["AcpTranslator"]
-
-_EMPTY: Final[Mapping[str, Any]] = {}
-
-AGENT_METHODS: Final = frozenset(
-    {
-        "session/update",
-        "session/request_permission",
-        "fs/read_text_file",
-        "fs/write_text_file",
-        "terminal/create",
-        "terminal/output",
-        "terminal/release",
-        "terminal/wait_for_exit",
-        "terminal/kill",
-        "mcp/connect",
-        "mcp/disconnect",
-        "elicitation/create",
-        "elicitation/complete",
-    }
-)
-"""Methods the agent calls (the client implements them); everything else is the client's."""
-
-CLIENT_METHODS: Final = frozenset(
-    {
-        "initialize",
-        "authenticate",
-        "logout",
-        "session/new",
-        "session/load",
-        "session/resume",
-        "session/fork",
-        "session/list",
-        "session/delete",
-        "session/close",
-        "session/prompt",
-        "session/cancel",
-        "session/set_mode",
-        "session/set_model",
-        "session/set_config_option",
-        "mcp/message",
-        "$/cancel_request",
-    }
-)
-_CLIENT_PREFIXES: Final = ("providers/", "nes/", "document/", "_", "$/")
-"""Known method families that say nothing a frontend shows (``_``: ACP's extension prefix)."""
-
-_SESSION_OPENERS: Final = frozenset(
-    {"session/new", "session/load", "session/resume", "session/fork"}
-)
-_FATAL_ERRORS: Final = _SESSION_OPENERS | {"initialize", "authenticate", "session/prompt"}
-"""Requests whose error is a ``stream.session.error`` (others, like a missing file, are routine)."""
-
-_PLAN_MARKS: Final = {"completed": "[x]", "in_progress": "[>]"}
-_REMEMBERED: Final = 256
-"""Finished tool calls (per session) and answered request ids remembered, to spot repeats."""
-
-OptionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always", "other"]
-_OPTION_KINDS: Final[dict[str, OptionKind]] = {
-    "allow_once": "allow_once",
-    "allow_always": "allow_always",
-    "reject_once": "reject_once",
-    "reject_always": "reject_always",
-}
-JsonRpcId = int | str
-
-
-# -- reading messages whose fields come camelCase (wire) or snake_case (SDK dumps) ----------
-
-
-def _get(m: Mapping[str, Any], camel: str, snake: str) -> Any:
-    value = m.get(camel)
-    return m.get(snake) if value is None else value
-
-
-def _is_id(value: object) -> TypeGuard[JsonRpcId]:
-    return isinstance(value, int | str) and not isinstance(value, bool)
-
-
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _raw_name(call: Mapping[str, Any]) -> str | None:
-    """The agent's own name for a tool (``Write``), beside ACP's title (``Write hello.txt``).
-
-    ACP has no such field: claude-agent-acp sends ``name`` and
-    ``_meta.claudeCode.toolName``.
-    """
-    meta = _map(call.get("_meta"))
-    vendor = None if meta is None else _map(meta.get("claudeCode"))
-    return _str(call.get("name")) or (None if vendor is None else _str(vendor.get("toolName")))
-
-
-def _count(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
-def _input(raw: object) -> dict[str, Any]:
-    """A tool's ``rawInput`` as a JSON object: mappings as they are, anything else wrapped."""
-    if raw is None:
-        return {}
-    m = _map(raw)
-    if m is not None:
-        return dict(m)
-    return {"input": raw}
-
-
-def _json(value: object) -> str:
-    try:
-        return msgspec.json.encode(value).decode()
-    except (TypeError, msgspec.EncodeError):
-        return str(value)
-
-
-def _tool_output(content: object, raw_output: object) -> str | None:
-    """What a tool produced, for people: its text content, else ``rawOutput``, else its diffs."""
-    texts: list[str] = []
-    edits: list[str] = []
-    if isinstance(content, list):
-        for item in content:
-            m = _map(item)
-            if m is None:
-                continue
-            kind = m.get("type")
-            if kind == "content":
-                block = _map(m.get("content"))
-                if block is not None and block.get("type") == "text":
-                    text = block.get("text")
-                    if isinstance(text, str):
-                        texts.append(text)
-            elif kind == "diff":
-                path = _str(m.get("path"))
-                if path is not None:
-                    old = _get(m, "oldText", "old_text")
-                    edits.append(f"{'Created' if old is None else 'Edited'} {path}")
-    if texts:
-        return "\n".join(texts)
-    if raw_output is not None:
-        if isinstance(raw_output, str):
-            return raw_output
-        m = _map(raw_output)
-        if m is not None and isinstance(m.get("output"), str):
-            return str(m["output"])
-        return _json(raw_output if m is None else dict(m))
-    if edits:
-        return "\n".join(edits)
-    return None
-
-
-def _plan_summary(entries: object) -> str:
-    """A plan as a checklist: ``Plan (1/2 done)`` then ``[x]``, ``[>]`` or ``[ ]`` per entry."""
-    lines: list[str] = []
-    done = 0
-    if isinstance(entries, list):
-        for entry in entries:
-            m = _map(entry)
-            if m is None:
-                continue
-            status = m.get("status")
-            done += status == "completed"
-            mark = _PLAN_MARKS.get(status, "[ ]") if isinstance(status, str) else "[ ]"
-            content = m.get("content")
-            lines.append(f"{mark} {content if isinstance(content, str) else ''}")
-    return "\n".join([f"Plan ({done}/{len(lines)} done)", *lines])
-
-
-# -- state -------------------------------------------------------------------
-
-
-class _Part:
-    """The text or thinking part being streamed (at most one per session)."""
-
-    __slots__ = ("chunks", "key", "kind", "part_id", "started")
-
-    def __init__(self, kind: str, key: str | None, part_id: str, started: float) -> None:
-        self.kind = kind
-        self.key = key
-        self.part_id = part_id
-        self.chunks: list[str] = []
-        self.started = started
-
-
-class _Tool:
-    __slots__ = (
-        "call_id",
-        "input",
-        "kind",
-        "last_partial",
-        "raw_name",
-        "running_since",
-        "started",
-        "title",
-    )
-
-    def __init__(self, call_id: str) -> None:
-        self.call_id = call_id
-        self.raw_name: str | None = None
-        self.title: str | None = None
-        self.kind: str | None = None
-        self.input: dict[str, Any] = {}
-        self.started = False
-        self.running_since: float | None = None
-        self.last_partial: str | None = None
-
-    @property
-    def name(self) -> str:
-        """The agent's own name for the tool, else its title, else its kind."""
-        return self.raw_name or self.title or self.kind or "tool"
-
-
-class _Session:
-    __slots__ = (
-        "context",
-        "cost",
-        "cwd",
-        "done_tools",
-        "id",
-        "idle",
-        "model",
-        "models",
-        "part",
-        "parts_seen",
-        "started",
-        "tools",
-        "turn_id",
-        "unnamed_parts",
-    )
-
-    def __init__(self, session_id: str | None) -> None:
-        self.id = session_id
-        self.started = False
-        self.idle = False
-        self.model: str | None = None
-        self.models = ModelBreakdown()  # per model, from the prompt responses' model_usage
-        self.cwd: str | None = None
-        self.cost: float | None = None
-        self.context: SessionContext | None = None  # the agent's last usage_update
-        self.turn_id: str | None = None
-        self.part: _Part | None = None
-        self.parts_seen: dict[tuple[str, str], int] = {}
-        self.unnamed_parts = 0
-        self.tools: dict[str, _Tool] = {}
-        self.done_tools: dict[str, None] = {}
-
-
-class _Pending:
-    """A request still waiting for its response."""
-
-    __slots__ = (
-        "cwd",
-        "method",
-        "options",
-        "order",
-        "request_id",
-        "resolved",
-        "session",
-        "turn_id",
-    )
-
-    def __init__(self, method: str, session: str | None, order: int) -> None:
-        self.method = method
-        self.session = session
-        self.order = order
-        self.turn_id: str | None = None
-        self.request_id: str | None = None
-        self.options: dict[str, str] = {}
-        self.resolved = False
-        self.cwd: str | None = None
-
 
 # -- the translator ------------------------------------------------------------
 
@@ -374,12 +131,9 @@ class AcpTranslator(Translator):
 
     def __init__(self, *, session_id: str | None = None) -> None:
         super().__init__(session_id=session_id, adapter="acp")
-        self._sessions: dict[str | None, _Session] = {}
+        self._sessions: dict[str | None, SessionState] = {}
         self._last: str | None = None
-        self._from_client: dict[JsonRpcId, _Pending] = {}
-        self._from_agent: dict[JsonRpcId, _Pending] = {}
-        self._answered: dict[JsonRpcId, None] = {}
-        self._order = 0
+        self._requests = Requests()
         self._ledger = UsageLedger()
 
     # -- dispatch ------------------------------------------------------------------
@@ -400,11 +154,11 @@ class AcpTranslator(Translator):
     def _dispatch(self, m: Mapping[str, Any], out: list[Emitted], now: float) -> None:
         method = m.get("method")
         if isinstance(method, str):
-            params = _map(m.get("params")) or _EMPTY
+            params = _map(m.get("params")) or EMPTY
             rid = m.get("id")
             if rid is None:
                 self._notification(method, params, out, now)
-            elif _is_id(rid):
+            elif is_id(rid):
                 self._request(rid, method, params, out, now)
             else:
                 self.malformed(method, f"id must be a number or a string, not {rid!r}")
@@ -412,7 +166,7 @@ class AcpTranslator(Translator):
             self._response(m, out, now)
         elif "update" in m:  # a bare SessionNotification
             self._update(m, out, now)
-        elif _get(m, "sessionUpdate", "session_update") is not None:  # a bare update
+        elif get(m, "sessionUpdate", "session_update") is not None:  # a bare update
             self._update({"update": m}, out, now)
         else:
             self.unknown("<not JSON-RPC>")
@@ -424,7 +178,7 @@ class AcpTranslator(Translator):
             self._update(params, out, now)
         elif method in CLIENT_METHODS or method in AGENT_METHODS:
             pass  # session/cancel: the prompt's response says how the turn ended
-        elif not method.startswith(_CLIENT_PREFIXES):
+        elif not method.startswith(CLIENT_PREFIXES):
             self.unknown(method)
 
     def _request(
@@ -436,13 +190,13 @@ class AcpTranslator(Translator):
         now: float,
     ) -> None:
         from_agent = method in AGENT_METHODS
-        pending_map = self._from_agent if from_agent else self._from_client
+        pending_map = self._requests.from_agent if from_agent else self._requests.from_client
         if rid in pending_map:
             self.duplicate()
             return
         sid = self._sid(params)
-        self._order += 1
-        entry = pending_map[rid] = _Pending(method, sid, self._order)
+        self._requests.order += 1
+        entry = pending_map[rid] = Pending(method, sid, self._requests.order)
         if method == "session/prompt":
             s = self._session(sid, out)
             self._close_part(s, out, now, stopped=False)
@@ -452,27 +206,27 @@ class AcpTranslator(Translator):
         elif method == "session/request_permission":
             self._permission(rid, entry, params, out, now)
         elif method == "session/new":
-            entry.cwd = _str(params.get("cwd"))
+            entry.cwd = string(params.get("cwd"))
         elif method in ("session/load", "session/resume"):
-            self._session(sid, out, cwd=_str(params.get("cwd")))
+            self._session(sid, out, cwd=string(params.get("cwd"))).loaded = True
         elif method == "session/set_model":
-            model = _str(_get(params, "modelId", "model_id"))
+            model = string(get(params, "modelId", "model_id"))
             if model is not None:
                 self._session(sid, out).model = model
-        elif not (from_agent or method in CLIENT_METHODS or method.startswith(_CLIENT_PREFIXES)):
+        elif not (from_agent or method in CLIENT_METHODS or method.startswith(CLIENT_PREFIXES)):
             self.unknown(method)
 
     def _response(self, m: Mapping[str, Any], out: list[Emitted], now: float) -> None:
         rid = m.get("id")
         result = _map(m.get("result"))
         error = _map(m.get("error"))
-        entry, from_agent = self._match(rid, result)
+        entry, from_agent = self._requests.match(rid, result)
         if entry is None:
-            if _is_id(rid) and rid in self._answered:
+            if is_id(rid) and rid in self._requests.answered:
                 self.duplicate()
-            elif result is not None and _get(result, "stopReason", "stop_reason") is not None:
+            elif result is not None and get(result, "stopReason", "stop_reason") is not None:
                 # The prompt was sent before we were listening: still end the turn.
-                self._end_turn(self._session(self._sid(_EMPTY), out), None, result, out, now)
+                self._end_turn(self._session(self._sid(EMPTY), out), None, result, out, now)
             else:
                 self.unknown("response to an unseen request")
             return
@@ -482,58 +236,29 @@ class AcpTranslator(Translator):
                 self._resolved(entry, result, error, out)
             return
         if error is not None:
-            if method in _FATAL_ERRORS:
+            if method in FATAL_ERRORS:
                 self._error(entry, error, out, now)
             return
         if method == "session/prompt":
             s = self._session(entry.session, out)
-            self._end_turn(s, entry.turn_id, result or _EMPTY, out, now)
+            self._end_turn(s, entry.turn_id, result or EMPTY, out, now)
         elif method in ("session/new", "session/fork") and result is not None:
-            sid = _str(_get(result, "sessionId", "session_id"))
+            sid = string(get(result, "sessionId", "session_id"))
             if sid is not None:
                 self._last = sid
                 models = _map(result.get("models"))
                 model = (
-                    None if models is None else _get(models, "currentModelId", "current_model_id")
+                    None if models is None else get(models, "currentModelId", "current_model_id")
                 )
-                self._session(sid, out, cwd=entry.cwd, model=_str(model))
-        elif method in _SESSION_OPENERS:
+                self._session(sid, out, cwd=entry.cwd, model=string(model))
+        elif method in SESSION_OPENERS:
             s = self._session(entry.session, out)
             self._close_part(s, out, now, stopped=False)  # the replayed history is complete
-
-    def _match(self, rid: object, result: Mapping[str, Any] | None) -> tuple[_Pending | None, bool]:
-        """The pending request ``rid`` answers, and whether the agent sent it."""
-        if not _is_id(rid):
-            return None, False
-        ours = self._from_client.get(rid)
-        theirs = self._from_agent.get(rid)
-        if ours is not None and theirs is not None:
-            if result is not None and _get(result, "stopReason", "stop_reason") is not None:
-                theirs = None
-            elif result is not None and result.get("outcome") is not None:
-                ours = None
-            elif ours.order > theirs.order:
-                theirs = None
-            else:
-                ours = None
-        if theirs is not None:
-            del self._from_agent[rid]
-            found, from_agent = theirs, True
-        elif ours is not None:
-            del self._from_client[rid]
-            found, from_agent = ours, False
-        else:
-            return None, False
-        answered = self._answered
-        answered[rid] = None
-        if len(answered) > _REMEMBERED:
-            del answered[next(iter(answered))]
-        return found, from_agent
 
     # -- sessions ------------------------------------------------------------------
 
     def _sid(self, params: Mapping[str, Any]) -> str | None:
-        sid = _str(_get(params, "sessionId", "session_id"))
+        sid = string(get(params, "sessionId", "session_id"))
         if sid is not None:
             self._last = sid
             return sid
@@ -546,10 +271,10 @@ class AcpTranslator(Translator):
         *,
         cwd: str | None = None,
         model: str | None = None,
-    ) -> _Session:
+    ) -> SessionState:
         s = self._sessions.get(sid)
         if s is None:
-            s = self._sessions[sid] = _Session(sid)
+            s = self._sessions[sid] = SessionState(sid)
         if model is not None:
             s.model = model
         if cwd is not None:
@@ -563,13 +288,16 @@ class AcpTranslator(Translator):
 
     def _update(self, params: Mapping[str, Any], out: list[Emitted], now: float) -> None:
         update = _map(params.get("update"))
-        kind = None if update is None else _get(update, "sessionUpdate", "session_update")
+        kind = None if update is None else get(update, "sessionUpdate", "session_update")
         if update is None or not isinstance(kind, str):
             self.malformed("session/update", "no update with a sessionUpdate kind")
             return
         s = self._session(self._sid(params), out)
         if kind == "agent_message_chunk":
-            self._chunk(s, "text", kind, update, out, now)
+            if (notice := transcript_notice(update)) is not None:
+                out.append(self.emit(notice, session_id=s.id))
+            else:
+                self._chunk(s, "text", kind, update, out, now)
         elif kind == "agent_thought_chunk":
             self._chunk(s, "thinking", kind, update, out, now)
         elif kind == "tool_call":
@@ -580,31 +308,34 @@ class AcpTranslator(Translator):
         elif kind == "usage_update":
             self._usage_update(s, update, out)
         elif kind == "plan":
-            self._info(s, _plan_summary(update.get("entries")), out)
+            self._info(s, plan_summary(update.get("entries")), out)
         elif kind == "plan_update":
-            self._plan_update(s, _map(update.get("plan")) or _EMPTY, out)
+            self._plan_update(s, _map(update.get("plan")) or EMPTY, out)
         elif kind == "plan_removed":
             self._info(s, "Plan removed", out)
         elif kind == "user_message_chunk":
             self._close_part(s, out, now, stopped=False)
         elif kind == "current_mode_update":
-            mode = _str(_get(update, "currentModeId", "current_mode_id"))
+            mode = string(get(update, "currentModeId", "current_mode_id"))
             if mode is not None:
                 self._info(s, f"Mode: {mode}", out)
         elif kind == "session_info_update":
-            title = _str(update.get("title"))
+            title = string(update.get("title"))
             if title is not None:
                 out.append(self.emit(SessionTitleChanged(title=title), session_id=s.id))
+        elif kind == "notice":
+            if (notice := notice_event(update)) is not None:
+                out.append(self.emit(notice, session_id=s.id))
         elif kind not in ("available_commands_update", "config_option_update"):
             self.unknown(f"session/update:{kind}")
 
-    def _info(self, s: _Session, message: str, out: list[Emitted]) -> None:
+    def _info(self, s: SessionState, message: str, out: list[Emitted]) -> None:
         out.append(self.emit(SessionInfo(message=message), session_id=s.id))
 
-    def _plan_update(self, s: _Session, plan: Mapping[str, Any], out: list[Emitted]) -> None:
+    def _plan_update(self, s: SessionState, plan: Mapping[str, Any], out: list[Emitted]) -> None:
         kind = plan.get("type")
         if kind == "items":
-            self._info(s, _plan_summary(plan.get("entries")), out)
+            self._info(s, plan_summary(plan.get("entries")), out)
         elif kind == "markdown" and isinstance(plan.get("content"), str):
             self._info(s, str(plan["content"]), out)
         elif kind == "file" and isinstance(plan.get("uri"), str):
@@ -616,7 +347,7 @@ class AcpTranslator(Translator):
 
     def _chunk(
         self,
-        s: _Session,
+        s: SessionState,
         kind: str,
         update_kind: str,
         update: Mapping[str, Any],
@@ -633,18 +364,18 @@ class AcpTranslator(Translator):
         if not isinstance(text, str):
             self.malformed(f"session/update:{update_kind}", "text content without text")
             return
-        key = _str(_get(update, "messageId", "message_id"))
+        key = string(get(update, "messageId", "message_id"))
         part = s.part
         if part is not None and (part.kind != kind or (key is not None and part.key != key)):
             self._close_part(s, out, now, stopped=False)
             part = None
         if part is None:
-            part = s.part = _Part(kind, key, self._part_id(s, kind, key), now)
+            part = s.part = Part(kind, key, self._part_id(s, kind, key), now)
         part.chunks.append(text)
         delta = TextDelta if kind == "text" else ThinkingDelta
         out.append(self.emit(delta(message_id=part.part_id, text=text), session_id=s.id))
 
-    def _part_id(self, s: _Session, kind: str, key: str | None) -> str:
+    def _part_id(self, s: SessionState, kind: str, key: str | None) -> str:
         if key is None:
             s.unnamed_parts += 1
             return f"{s.turn_id or s.id or 'acp'}:{kind}:{s.unnamed_parts}"
@@ -652,7 +383,9 @@ class AcpTranslator(Translator):
         s.parts_seen[(kind, key)] = seen + 1
         return key if not seen else f"{key}:{seen}"
 
-    def _close_part(self, s: _Session, out: list[Emitted], now: float, *, stopped: bool) -> None:
+    def _close_part(
+        self, s: SessionState, out: list[Emitted], now: float, *, stopped: bool
+    ) -> None:
         part = s.part
         if part is None:
             return
@@ -672,15 +405,15 @@ class AcpTranslator(Translator):
 
     def _tool(
         self,
-        s: _Session,
+        s: SessionState,
         update_kind: str,
         update: Mapping[str, Any],
         out: list[Emitted],
         now: float,
         *,
         force_start: bool,
-    ) -> _Tool | None:
-        call_id = _str(_get(update, "toolCallId", "tool_call_id"))
+    ) -> Tool | None:
+        call_id = string(get(update, "toolCallId", "tool_call_id"))
         if call_id is None:
             self.malformed(f"session/update:{update_kind}", "no toolCallId")
             return None
@@ -689,18 +422,18 @@ class AcpTranslator(Translator):
             return None
         tool = s.tools.get(call_id)
         if tool is None:
-            tool = s.tools[call_id] = _Tool(call_id)
+            tool = s.tools[call_id] = Tool(call_id)
         if not tool.started:
-            title = _str(update.get("title"))
+            title = string(update.get("title"))
             if title is not None:
                 tool.title = title
-            tool.raw_name = _raw_name(update) or tool.raw_name
-            kind = _str(update.get("kind"))
+            tool.raw_name = agent_tool_name(update) or tool.raw_name
+            kind = string(update.get("kind"))
             if kind is not None:
                 tool.kind = kind
-            raw_input = _get(update, "rawInput", "raw_input")
+            raw_input = get(update, "rawInput", "raw_input")
             if raw_input is not None:
-                tool.input = _input(raw_input)
+                tool.input = input_of(raw_input)
         status = update.get("status")
         if not tool.started and (
             force_start or tool.input or status in ("in_progress", "completed", "failed")
@@ -715,11 +448,11 @@ class AcpTranslator(Translator):
         if status == "in_progress" and tool.running_since is None:
             tool.running_since = now
         if status in ("completed", "failed"):
-            output = _tool_output(update.get("content"), _get(update, "rawOutput", "raw_output"))
+            output = tool_output(update.get("content"), get(update, "rawOutput", "raw_output"))
             ok = status == "completed"
             self._tool_done(s, tool, "ok" if ok else "error", output, out, now)
         elif tool.started:
-            output = _tool_output(update.get("content"), _get(update, "rawOutput", "raw_output"))
+            output = tool_output(update.get("content"), get(update, "rawOutput", "raw_output"))
             if output and output != tool.last_partial:
                 tool.last_partial = output
                 out.append(
@@ -731,8 +464,8 @@ class AcpTranslator(Translator):
 
     def _tool_done(
         self,
-        s: _Session,
-        tool: _Tool,
+        s: SessionState,
+        tool: Tool,
         status: Literal["ok", "error", "cancelled"],
         output: str | None,
         out: list[Emitted],
@@ -741,7 +474,7 @@ class AcpTranslator(Translator):
         del s.tools[tool.call_id]
         done = s.done_tools
         done[tool.call_id] = None
-        if len(done) > _REMEMBERED:
+        if len(done) > REMEMBERED:
             del done[next(iter(done))]
         duration = None if tool.running_since is None else now - tool.running_since
         event = ToolComplete(
@@ -759,15 +492,15 @@ class AcpTranslator(Translator):
     def _permission(
         self,
         rid: JsonRpcId,
-        entry: _Pending,
+        entry: Pending,
         params: Mapping[str, Any],
         out: list[Emitted],
         now: float,
     ) -> None:
         entry.request_id = f"acp-{rid}"
         s = self._session(entry.session, out)
-        call = _map(_get(params, "toolCall", "tool_call")) or _EMPTY
-        call_id = _str(_get(call, "toolCallId", "tool_call_id"))
+        call = _map(get(params, "toolCall", "tool_call")) or EMPTY
+        call_id = string(get(call, "toolCallId", "tool_call_id"))
         tool = None
         if call_id is not None and call_id not in s.done_tools:
             # The agent asks to run the call with this input: the tool starts now at the latest.
@@ -776,24 +509,26 @@ class AcpTranslator(Translator):
         raw_options = params.get("options")
         for raw in raw_options if isinstance(raw_options, list) else ():
             option = _map(raw)
-            oid = None if option is None else _str(_get(option, "optionId", "option_id"))
+            oid = None if option is None else string(get(option, "optionId", "option_id"))
             if option is None or oid is None:
                 continue
             kind = option.get("kind")
-            known = _OPTION_KINDS.get(kind, "other") if isinstance(kind, str) else "other"
+            known = OPTION_KINDS.get(kind, "other") if isinstance(kind, str) else "other"
             entry.options[oid] = known
             label = option.get("name")
             options.append(
                 PermissionOption(id=oid, label=label if isinstance(label, str) else "", kind=known)
             )
-        title = _str(call.get("title"))
+        title = string(call.get("title"))
         if tool is not None:  # named as its stream.tool.start named it
             name, raw_name, tool_input, category = tool.name, tool.raw_name, tool.input, tool.kind
             title = title or tool.title
+            # ...but asked with the input it will run (opencode's call said only its cwd).
+            tool_input = input_of(get(call, "rawInput", "raw_input")) or tool_input
         else:
-            raw_name, category = _raw_name(call), _str(call.get("kind"))
+            raw_name, category = agent_tool_name(call), string(call.get("kind"))
             name = raw_name or title or category or "tool"
-            tool_input = _input(_get(call, "rawInput", "raw_input"))
+            tool_input = input_of(get(call, "rawInput", "raw_input"))
         event = PermissionRequested(  # named as rules name tools: the agent's name, its kind
             request_id=f"acp-{rid}",
             tool=name,
@@ -807,7 +542,7 @@ class AcpTranslator(Translator):
 
     def _resolved(
         self,
-        entry: _Pending,
+        entry: Pending,
         result: Mapping[str, Any] | None,
         error: Mapping[str, Any] | None,
         out: list[Emitted],
@@ -816,13 +551,13 @@ class AcpTranslator(Translator):
         outcome = None if result is None else _map(result.get("outcome"))
         chosen = None if outcome is None else outcome.get("outcome")
         if chosen == "selected" and outcome is not None:
-            oid = _str(_get(outcome, "optionId", "option_id"))
+            oid = string(get(outcome, "optionId", "option_id"))
             denied = entry.options.get(oid or "", "").startswith("reject")
             event = PermissionResolved(
                 request_id=request_id, outcome="denied" if denied else "allowed", option_id=oid
             )
         elif chosen == "cancelled" or error is not None:
-            reason = None if error is None else _str(error.get("message"))
+            reason = None if error is None else string(error.get("message"))
             event = PermissionResolved(request_id=request_id, outcome="cancelled", reason=reason)
         else:
             self.malformed("session/request_permission", f"unknown outcome {chosen!r}")
@@ -831,12 +566,12 @@ class AcpTranslator(Translator):
 
     # -- usage and context ---------------------------------------------------------
 
-    def _usage_update(self, s: _Session, update: Mapping[str, Any], out: list[Emitted]) -> None:
-        used = _count(update.get("used"))
+    def _usage_update(self, s: SessionState, update: Mapping[str, Any], out: list[Emitted]) -> None:
+        used = count(update.get("used"))
         if used is None:
             self.malformed("session/update:usage_update", "used is not a token count")
             return
-        window = _count(update.get("size")) or None
+        window = count(update.get("size")) or None
         s.context = SessionContext(used=used, window=window)
         out.append(self.emit(s.context, session_id=s.id))
         cost = update_cost(update)
@@ -848,13 +583,13 @@ class AcpTranslator(Translator):
 
     def _turn_usage(
         self,
-        s: _Session,
+        s: SessionState,
         turn_id: str | None,
         tokens: TokenUsage,
         models: dict[str, TokenUsage],
         out: list[Emitted],
     ) -> None:
-        turn_id = turn_id or f"acp-turn-{self._order}"
+        turn_id = turn_id or f"acp-turn-{self._requests.order}"
         if models:
             s.models.record(turn_id, models)
         changed = self._ledger.record(
@@ -866,9 +601,10 @@ class AcpTranslator(Translator):
                 # The turn's usage sums its calls; the agent's own context figure wins.
                 out.append(self.emit(s.context, session_id=s.id))
 
-    def _report_usage(self, s: _Session, total: TokenUsage, out: list[Emitted]) -> None:
-        if s.cost is not None:
-            total = msgspec.structs.replace(total, cost_usd=s.cost)
+    def _report_usage(self, s: SessionState, total: TokenUsage, out: list[Emitted]) -> None:
+        cost = priced(s.models.totals()) if s.loaded else s.cost
+        if cost is not None:
+            total = msgspec.structs.replace(total, cost_usd=cost)
         usage = Usage(tokens=total, model=s.model, models=s.models.totals())
         out.append(self.emit(usage, session_id=s.id))
 
@@ -876,7 +612,7 @@ class AcpTranslator(Translator):
 
     def _end_turn(
         self,
-        s: _Session,
+        s: SessionState,
         turn_id: str | None,
         result: Mapping[str, Any],
         out: list[Emitted],
@@ -884,7 +620,7 @@ class AcpTranslator(Translator):
         *,
         error: SessionError | None = None,
     ) -> None:
-        reason = _get(result, "stopReason", "stop_reason")
+        reason = get(result, "stopReason", "stop_reason")
         finish = reason if isinstance(reason, str) else "error" if error else "end_turn"
         if turn_id is None:
             turn_id = s.turn_id
@@ -897,7 +633,7 @@ class AcpTranslator(Translator):
             if tool.started:
                 self._tool_done(s, tool, "cancelled", None, out, now)
         s.tools.clear()
-        for pending in self._from_agent.values():
+        for pending in self._requests.from_agent.values():
             if pending.session == s.id and pending.request_id and not pending.resolved:
                 pending.resolved = True  # its late answer is consumed silently
                 event = PermissionResolved(
@@ -915,16 +651,16 @@ class AcpTranslator(Translator):
         out.append(self.emit(SessionIdle(aborted=finish == "cancelled"), session_id=s.id))
 
     def _error(
-        self, entry: _Pending, error: Mapping[str, Any], out: list[Emitted], now: float
+        self, entry: Pending, error: Mapping[str, Any], out: list[Emitted], now: float
     ) -> None:
-        message = _str(error.get("message")) or f"{entry.method} failed"
+        message = string(error.get("message")) or f"{entry.method} failed"
         code = error.get("code")
         event = SessionError(
             message=message, code=None if code is None or isinstance(code, bool) else str(code)
         )
         if entry.method == "session/prompt":
             s = self._session(entry.session, out)
-            self._end_turn(s, entry.turn_id, _EMPTY, out, now, error=event)
+            self._end_turn(s, entry.turn_id, EMPTY, out, now, error=event)
         else:
             out.append(self.emit(event, session_id=entry.session))
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from busd import TokenUsage, add_usage, as_mapping, merge_cumulative
+from busd import TokenUsage, add_usage, as_mapping, cost_usd, merge_cumulative
 
-__all__ = ["ModelBreakdown", "as_map", "turn_models", "turn_usage", "update_cost"]
+__all__ = ["ModelBreakdown", "as_map", "priced", "turn_models", "turn_usage", "update_cost"]
 
 MAX_MODELS = 64
 """Models kept per session in a breakdown; the rows of more are left out of it."""
@@ -179,3 +179,11 @@ def update_cost(update: Mapping[str, Any]) -> float | None:
     if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
         return None
     return float(amount)
+
+
+def priced(models: Mapping[str, TokenUsage]) -> float | None:
+    """busd's price for the tokens of each model; ``None`` if any model is unknown."""
+    prices = [cost_usd(model, tokens) for model, tokens in models.items()]
+    if not prices or None in prices:
+        return None
+    return sum(p for p in prices if p is not None)

@@ -26,6 +26,9 @@ lines as they are keeps the agent's messages byte-for-byte the recorded ones.
   before its prompt).
 - ``--fs PATH``: on ``session/prompt``, first write PATH through the client's
   ``fs/write_text_file``, read its second line back, and read a missing file.
+- ``--notice``: on ``session/prompt``, first a warning as claude-agent-acp
+  0.101.0 sends one: a ``notice`` update when the client advertised
+  ``clientCapabilities.session.notices``, else a bold-label answer chunk.
 - ``--orphan``: start a program of its own that outlives it (a minute's
   sleep, which ignores SIGTERM), as an agent's CLI can; its pid is recorded.
 
@@ -67,6 +70,17 @@ HISTORY = [
     {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "replayed"}},
 ]
 
+NOTICE = {
+    "sessionUpdate": "notice",
+    "severity": "warning",
+    "title": "Auto mode unavailable",
+    "description": "The selected model does not support Auto mode; using Accept edits instead.",
+}
+NOTICE_AS_TEXT = {
+    "sessionUpdate": "agent_message_chunk",
+    "content": {"type": "text", "text": "**Auto mode unavailable:** the selected model ..."},
+}
+
 
 class Agent:
     def __init__(self, fixture: Path, record: Path, flags: list[str]) -> None:
@@ -76,6 +90,8 @@ class Agent:
         self.stuck = "--stuck" in flags
         self.hold_mode = "--hold-mode" in flags
         self.orphan = "--orphan" in flags
+        self.notice = "--notice" in flags
+        self.notices_wanted = False
         fs_path = flags[flags.index("--fs") + 1] if "--fs" in flags else None
         self.fs_path = fs_path
         self.next_id = 0
@@ -125,6 +141,8 @@ class Agent:
     def dispatch(self, message: dict[str, Any]) -> None:
         method, rid, params = message.get("method"), message.get("id"), message.get("params") or {}
         if method == "initialize":
+            session_caps = params.get("clientCapabilities", {}).get("session") or {}
+            self.notices_wanted = isinstance(session_caps.get("notices"), dict)
             self.answer(rid, {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}})
         elif method == "session/new":
             self.answer(
@@ -163,6 +181,8 @@ class Agent:
         fixture_id = self.lines[start]["id"]
         if self.fs_path is not None:
             self.use_fs(params["sessionId"], self.fs_path)
+        if self.notice:
+            self.notify(params["sessionId"], NOTICE if self.notices_wanted else NOTICE_AS_TEXT)
         if self.crash:
             self.send(self.lines[start + 1])
             print("fake agent: the model provider is unreachable", file=sys.stderr, flush=True)

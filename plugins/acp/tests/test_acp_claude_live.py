@@ -17,11 +17,14 @@ the session's cost, priced by Claude Code itself: both must equal what the
 stand-in served and busd's own price for it. Its tools carry their raw name
 (``Write``) beside ACP's title (``Write hello.txt``) and kind (``edit``),
 which is what rules match (bug 8). In its ``default`` mode (ACP
-``session/set_mode``) a file write asks first.
+``session/set_mode``) a file write asks first. Its notices (a mode it cannot
+serve) are warnings, not answer text (bug 9), and a continued session is
+loaded in a new agent process (``session/load``) and adds up.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Mapping
@@ -31,13 +34,15 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from busd import TokenUsage, cost_usd
+from busd import TokenUsage, add_usage, cost_usd
 from busd.core.events import (
     Envelope,
     Event,
     PermissionRequested,
     PermissionResolved,
     RunFinished,
+    RunStarted,
+    SessionWarning,
     TextComplete,
     ToolComplete,
     ToolStart,
@@ -112,11 +117,13 @@ class Frontend:
         self.allow = allow
         self.seen: list[Envelope[Event]] = []
         self.finished = trio.Event()
+        self.progress = trio.Event()
         self._send, self._requests = trio.open_memory_channel[PermissionRequested](16)
         self.daemon.bus.on_all(self._record)
 
     def _record(self, envelope: Envelope[Event]) -> None:
         self.seen.append(envelope)
+        self.progress.set()
         match envelope.event:
             case PermissionRequested() as request:
                 self._send.send_nowait(request)
@@ -216,6 +223,17 @@ async def test_claude_agent_acp_writes_a_file_when_allowed_and_counts_what_it_wa
     assert ('"is_error": true' in told) is not allowed
 
 
+def _cancel_args(root: Path, model_url: str) -> list[Any]:
+    """``busd run`` arguments for claude-agent-acp in ``root/project``, at the stand-in."""
+    project = root / "project"
+    project.mkdir()
+    options = {"command": [NODE, str(AGENT)], "env": agent_env(root, model_url)}
+    args: list[Any] = ["--adapter", "acp", "--cwd", project]
+    for key, value in options.items():
+        args += ["--option", f"{key}={json.dumps(value)}"]
+    return [*args, "Count slowly to three."]
+
+
 async def test_ctrl_c_on_busd_run_stops_claude_agent_acp_mid_answer(tmp_path: Path) -> None:
     """``busd run --adapter acp`` with its in-process daemon; Ctrl-C while the answer streams.
 
@@ -224,25 +242,156 @@ async def test_ctrl_c_on_busd_run_stops_claude_agent_acp_mid_answer(tmp_path: Pa
     way (``session/cancel``: the prompt is answered ``cancelled``). The agent
     (``node``) and the Claude Code it started are gone when ``busd run`` exits.
     """
-    project = tmp_path / "project"
-    project.mkdir()
     with standin_module.StandIn(slow=True) as standin:
-        options = {"command": [NODE, str(AGENT)], "env": agent_env(tmp_path, standin.url)}
-        args: list[Any] = ["--adapter", "acp", "--cwd", project]
-        for key, value in options.items():
-            args += ["--option", f"{key}={json.dumps(value)}"]
         midway = await live.ctrl_c_midway(
             tmp_path,
             standin,
-            [*args, "Count slowly to three."],
+            _cancel_args(tmp_path, standin.url),
             env=live.busd_env(tmp_path),
             agent="claude-agent-acp",
             last=standin_module.SLOW_WORDS[-1],
             job=True,
         )
+    _assert_cancelled_cleanly(midway)
+
+
+async def test_busd_cancel_stops_claude_agent_acp_mid_answer_through_busd_serve(
+    tmp_path: Path,
+) -> None:
+    """The same run through a running ``busd serve``, cancelled by ``busd cancel RUN_ID``."""
+    with standin_module.StandIn(slow=True) as standin:
+        midway = await live.busd_cancel_midway(
+            tmp_path,
+            standin,
+            _cancel_args(tmp_path, standin.url),
+            env=live.busd_env(tmp_path),
+            agent="claude-agent-acp",
+            last=standin_module.SLOW_WORDS[-1],
+        )
+    assert midway.daemon_alive  # the daemon lives on; the agent's processes do not
+    _assert_cancelled_cleanly(midway)
+
+
+def _assert_cancelled_cleanly(midway: Any) -> None:
     assert midway.code == live.RUN_EXIT_CANCELLED, midway.run.stderr
     alive = {pid: cmd for pid, cmd in midway.processes.items() if not live.gone(pid)}
     assert alive == {}, midway.run.stderr
     assert any("claude-agent-sdk" in command for command in midway.processes.values())
     live.cancelled_midway(midway.envelopes, midway.run_id, "".join(standin_module.SLOW_WORDS))
     assert "Traceback" not in midway.run.stderr
+
+
+async def _run(frontend: Frontend, prompt: str, env: dict[str, str], **fields: Any) -> RunFinished:
+    """One run of claude-agent-acp through the daemon, to its end."""
+    done = len(frontend.of(RunFinished))
+    state = frontend.daemon.runs.start(
+        adapter="acp",
+        prompt=prompt,
+        started_by="test",
+        options={"command": [NODE, str(AGENT)], "env": env},
+        **fields,
+    )
+    with trio.fail_after(live.REACH):
+        while len(frontend.of(RunFinished)) == done:
+            await frontend.progress.wait()
+            frontend.progress = trio.Event()
+    [finished] = [
+        e.event
+        for e in frontend.seen
+        if e.run_id == state.run_id and isinstance(e.event, RunFinished)
+    ]
+    return finished
+
+
+async def test_claude_agent_acp_warns_of_a_mode_it_cannot_serve_beside_its_answer(
+    tmp_path: Path,
+) -> None:
+    """Bug 9: asked for ``auto`` on a model without it, it falls back and says so.
+
+    busd asks for ACP ``notice`` updates, so the notice is a
+    ``stream.session.warning`` and the answer is only the model's.
+    """
+    project = tmp_path / "project"
+    project.mkdir()
+    frontend = Frontend((), allow=True)
+    with standin_module.StandIn() as standin:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(frontend.daemon.run)
+            env = agent_env(tmp_path, standin.url)
+            finished = await _run(
+                frontend, "Say hello.", env, cwd=str(project), permission_mode="auto"
+            )
+            nursery.cancel_scope.cancel()
+    assert finished.status == "ok", finished.error
+    assert frontend.of(SessionWarning) == [
+        SessionWarning(
+            message="Auto mode unavailable: The selected model does not support Auto mode; "
+            "using Accept edits instead."
+        )
+    ]
+    assert [t.text for t in frontend.of(TextComplete)] == [standin_module.ANSWER]
+
+
+async def test_a_continued_claude_agent_acp_session_remembers_and_adds_up_its_runs(
+    tmp_path: Path,
+) -> None:
+    """Run 2 names run 1's session: the driver loads it (``session/load``) in a new agent.
+
+    The model sees the earlier conversation again; each run counts its own
+    calls, and the session's total is the sum of its runs (bug 1's rule).
+    """
+    project = tmp_path / "project"
+    project.mkdir()
+    frontend = Frontend((), allow=True)
+    with standin_module.StandIn() as standin:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(frontend.daemon.run)
+            env = agent_env(tmp_path, standin.url)
+            first = await _run(frontend, "Remember the word okra.", env, cwd=str(project))
+            [started] = frontend.of(RunStarted)
+            session_id = next(e.session_id for e in frontend.seen if e.event is started)
+            assert session_id is not None
+            served_first = len(standin.served)
+            second = await _run(
+                frontend, "Which word?", env, cwd=str(project), session_id=session_id
+            )
+            nursery.cancel_scope.cancel()
+    assert (first.status, second.status) == ("ok", "ok"), (first.error, second.error)
+    # The conversation went on: run 2's answer call carries run 1's prompt and answer.
+    later = json.dumps([r["messages"] for r in standin.requests[served_first:]])
+    assert "Remember the word okra." in later
+    assert standin_module.ANSWER in later
+    # Each run counts its own calls: claude-agent-acp's model_usage holds its answer
+    # and some of the side calls racing with it (after a load, not the title), so the
+    # counts are the sum of some of the run's calls, the answer among them (every
+    # call's usage is distinct, so only the calls counted can add up to them).
+    assert _some_of(standin.served[:served_first], first.usage)
+    assert _some_of(standin.served[served_first:], second.usage)
+    # Its cost: the agent's own restored total counts run 1 again, so a loaded
+    # session's cost is busd's price of its own counts.
+    assert second.usage.cost_usd == pytest.approx(cost_usd(MODEL, second.usage), rel=1e-9)
+    # The session's totals are the sum of its runs (bug 1's rule), the cost too.
+    snapshot = frontend.daemon.sessions.snapshot(session_id)
+    assert snapshot is not None
+    assert snapshot.usage is not None
+    assert _counts(snapshot.usage) == _counts(add_usage(first.usage, second.usage))
+    assert snapshot.usage.cost_usd == pytest.approx(
+        (first.usage.cost_usd or 0.0) + (second.usage.cost_usd or 0.0), rel=1e-9
+    )
+
+
+def _some_of(served: list[Any], usage: TokenUsage) -> bool:
+    """Whether ``usage`` is the sum of some of the ``served`` calls, an answer among them."""
+    return any(
+        _counts(_sum(list(calls))) == _counts(usage)
+        for size in range(1, len(served) + 1)
+        for calls in itertools.combinations(served, size)
+        if any(call.kind == "answer" for call in calls)
+    )
+
+
+def _sum(served: list[Any]) -> TokenUsage:
+    total = TokenUsage()
+    for call in served:
+        total = add_usage(total, _tokens(call.usage))
+    return total

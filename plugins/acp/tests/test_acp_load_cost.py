@@ -1,0 +1,58 @@
+"""A session continued with ``session/load`` counts its cost once (issue 17, a continued session).
+
+The recordings (fixtures/README.md): claude-agent-acp 0.101.0, one run on
+a new session, then a new agent process that loads it and answers one more
+prompt. The second run's ``usage_update`` cost (0.106866) is Claude Code's
+restored session total: the first run's 0.024048 again, plus this run's
+calls. Its ``model_usage`` counts this run's calls only (the stand-in's
+calls 7 and 8; the title call 6 is in neither). Added up by the daemon, the
+agent's cost would count run 1 twice, so a loaded session's cost is busd's
+price of the run's own counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from busd_acp import AcpAdapter
+
+from busd import TokenUsage, Usage, cost_usd
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MODEL = "claude-sonnet-4-5-20250929"
+
+
+def last_usage(name: str) -> Usage:
+    lines = [json.loads(line) for line in (FIXTURES / name).read_text().splitlines() if line]
+    translator = AcpAdapter().translator(session_id="s1")
+    events: list[Any] = []
+    for i, line in enumerate(lines):
+        events += [e.event for e in translator.feed(line, float(i))]
+    return [e for e in events if isinstance(e, Usage)][-1]
+
+
+def counts(tokens: TokenUsage) -> tuple[int, int, int, int]:
+    return (
+        tokens.input_tokens,
+        tokens.output_tokens,
+        tokens.cache_read_tokens,
+        tokens.cache_write_tokens,
+    )
+
+
+def test_a_new_session_takes_the_agents_cost() -> None:
+    usage = last_usage("claude-agent-acp-load-1.jsonl")
+    assert counts(usage.tokens) == (36, 66, 1500, 6000)  # the stand-in's calls 1 to 3
+    assert usage.tokens.cost_usd == 0.024048  # Claude Code's price, as it said it
+
+
+def test_a_loaded_session_prices_its_own_counts_not_the_restored_total() -> None:
+    usage = last_usage("claude-agent-acp-load-2.jsonl")
+    assert counts(usage.tokens) == (35, 55, 6500, 15000)  # calls 7 and 8
+    priced = cost_usd(MODEL, usage.tokens)
+    assert priced == pytest.approx(0.027606 + 0.031524, rel=1e-9)
+    assert usage.tokens.cost_usd == pytest.approx(priced, rel=1e-9)
+    assert usage.models == {MODEL: usage.models[MODEL]}
