@@ -32,6 +32,7 @@ from busd.core.events import (
     RunStarted,
     SessionCompaction,
     SessionContext,
+    SessionContextParts,
     SessionError,
     SessionIdle,
     SessionInfo,
@@ -138,6 +139,7 @@ SNAPSHOTS: list[tuple[Event, Event]] = [
     (StreamingStats(elapsed_s=1.0), StreamingStats(elapsed_s=2.0)),
     (ContextUsage(used=1), ContextUsage(used=2)),
     (SessionContext(used=1), SessionContext(used=2)),
+    (SessionContextParts(system=1), SessionContextParts(system=2, tools=3)),
 ]
 
 

@@ -54,7 +54,7 @@ async def test_an_overdue_call_ends_on_the_bus_with_a_timed_out_error(
         assert len(completes) == 1
         complete = completes[0]
         assert isinstance(complete.event, ToolComplete)
-        assert (complete.event.tool_call_id, complete.event.status) == (CALL, "error")
+        assert (complete.event.tool_call_id, complete.event.status) == (CALL, "timed_out")
         assert complete.event.error is not None
         assert complete.event.error.startswith(TIMED_OUT)
         assert complete.event.duration_s == pytest.approx(5.0)
@@ -66,7 +66,7 @@ async def test_an_overdue_call_ends_on_the_bus_with_a_timed_out_error(
         )
         metric = daemon.accountant.tools.metric("json")
         assert metric is not None
-        assert (metric.calls, metric.errors) == (1, 1)
+        assert (metric.calls, metric.errors, metric.timed_out) == (1, 1, 1)
         assert metric.total_s == pytest.approx(5.0)
         assert daemon.accountant.tools.open_calls == 0
         nursery.cancel_scope.cancel()

@@ -34,6 +34,7 @@ from busd.core.events import (
     ToolMetrics,
     ToolStart,
     ToolTimeout,
+    Usage,
     UserPrompt,
 )
 from busd.frontends.view import (
@@ -219,6 +220,29 @@ def test_a_run_on_several_models_shows_each_models_share() -> None:
     assert models_line({}) is None
     assert models_line({"a": TokenUsage(output_tokens=1412), "b": TokenUsage()}) == (
         "a 1.4k out · b 0 out"
+    )
+
+
+def test_an_observed_session_shows_each_models_total_so_far() -> None:
+    """No run (``busd attach``, ``busd ingest``): the models of the last ``stream.usage``.
+
+    The subagent-bash recording's totals: sonnet 270 + haiku 49 = 319 output.
+    """
+    feed = Feed()
+    feed(0, SessionStart(model="claude-sonnet-4-5-20250929"))
+    feed(1, Usage(tokens=TokenUsage(output_tokens=240)))  # streamed: no models yet
+    sub = TokenUsage(output_tokens=49)
+    feed(1, Usage(tokens=sub, models={"claude-haiku-5-5": sub}), agent="toolu_agent_1")
+    models = {
+        "claude-sonnet-4-5-20250929": TokenUsage(output_tokens=270),
+        "claude-haiku-5-5": TokenUsage(output_tokens=49),
+    }
+    feed(2, Usage(tokens=TokenUsage(output_tokens=319), models=models))
+    feed(2, StreamingStats(elapsed_s=2, output_tokens=319))
+    feed(3, SessionIdle())
+    assert feed.view.summary_line() == (
+        "✻ Worked for 2s · ↓ 319 tokens · claude-sonnet-4-5-20250929 270 out"
+        " · claude-haiku-5-5 49 out"
     )
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 
@@ -53,6 +55,13 @@ from ._common import fail, resolve_socket, run_client, socket_option
 )
 @click.option("--max-turns", type=click.IntRange(1), default=None, help="Stop after N turns.")
 @click.option(
+    "--context-window",
+    "context_window",
+    metavar="TOKENS",
+    default=None,
+    help="The session's context window (200000, 200k, 1m): over the model table and config.",
+)
+@click.option(
     "--no-env",
     "send_env",
     flag_value=False,
@@ -92,6 +101,7 @@ def run_command(
     system_prompt: str | None,
     cwd: str,
     max_turns: int | None,
+    context_window: str | None,
     send_env: bool,
     options: tuple[str, ...],
     watchdog: float | None,
@@ -112,6 +122,7 @@ def run_command(
     from ..frontends.headless import HeadlessRun, ToolRules, parse_option, run_headless
     from ..frontends.watch import silence
 
+    window = None if context_window is None else parse_tokens(context_window, "--context-window")
     logging.basicConfig(level=log_level.upper(), format="busd: %(name)s: %(message)s")
     parsed: dict[str, Any] = {}
     for text in options:
@@ -136,6 +147,7 @@ def run_command(
         rules=ToolRules(allow=allow, deny=deny),
         watchdog=watchdog,
         socket_path=None if socket_path is None else str(socket_path),
+        context_window=window,
     )
     pretty = fmt == "pretty" or (fmt is None and sys.stdout.isatty())
     out, err = sys.stdout, sys.stderr
@@ -159,6 +171,23 @@ def run_command(
     run_client(
         partial(run_headless, spec, out=write, err=note, pretty=pretty, start_local=serve_private)
     )
+
+
+_TOKENS: Final = re.compile(r"(\d+(?:\.\d+)?)([km]?)")
+_SCALE: Final = {"": 1, "k": 1_000, "m": 1_000_000}
+
+
+def parse_tokens(text: str, flag: str) -> int:
+    """A positive token count, as people write it: ``200000``, ``200_000``, ``200k``, ``1m``.
+
+    Anything else is a usage error: one line, exit 2.
+    """
+    match = _TOKENS.fullmatch(text.strip().lower().replace("_", "").replace(",", ""))
+    if match is not None:
+        number = Decimal(match[1]) * _SCALE[match[2]]
+        if number >= 1 and number == int(number):
+            return int(number)
+    fail(f"error: {flag}: {text!r} is not a positive token count (200000, 200k, 1m)", 2)
 
 
 @click.command("cancel")

@@ -519,6 +519,8 @@ class Client:
         request_id: str | None = None,
         permission_rules: Sequence[PermissionRule] = (),
         env: Mapping[str, str] | None = None,
+        context_window: int | None = None,
+        output_reserve: int | None = None,
     ) -> dict[str, str]:
         """Start a run; returns ``{"run_id", "session_id"}`` at once, events follow.
 
@@ -530,6 +532,9 @@ class Client:
         daemon's policy and rules and before any frontend is asked. ``env``
         is the agent's whole environment (``busd run`` sends its own,
         ``dict(os.environ)``); without it the agent gets the daemon's.
+        ``context_window`` (tokens) is the session's window from this run on,
+        over the model table and the daemon's config; ``output_reserve``, below
+        it, the room kept for the model's output (default: the table's).
         """
         result: dict[str, str] = await self.request(
             StartRun(
@@ -546,6 +551,8 @@ class Client:
                 request_id=request_id,
                 permission_rules=tuple(permission_rules),
                 env=None if env is None else dict(env),
+                context_window=context_window,
+                output_reserve=output_reserve,
             )
         )
         return result

@@ -8,8 +8,8 @@ thinking timer visibly ticks) and once more when the session goes quiet
 a session that never says idle must not tick for ever);
 ``busd.context`` when a model call, a compaction or a provider report moves
 the context figure; ``busd.tool.timeout`` once per overdue tool call, with
-a ``stream.tool.complete`` (status ``error``, error "timed out: ...") that
-ends the call on the bus.
+a ``stream.tool.complete`` (status ``timed_out``, error "timed out: ...")
+that ends the call on the bus.
 Nothing is emitted per delta, so accounting never doubles the event rate.
 
 Stale envelopes (late output of a finished or superseded run, see
@@ -34,6 +34,7 @@ from .events import (
     RunFinished,
     SessionCompaction,
     SessionContext,
+    SessionContextParts,
     SessionIdle,
     StreamingStats,
     TextDelta,
@@ -60,7 +61,7 @@ Its next event resumes the ticks; its clock is not stopped (only idle or
 the end of the run stop it), so the figures stay right when it does.
 """
 
-_CONTEXT_MOVERS = (Usage, TurnEnd, SessionCompaction, SessionContext)
+_CONTEXT_MOVERS = (Usage, TurnEnd, SessionCompaction, SessionContext, SessionContextParts)
 _QUIET = (SessionIdle, RunFinished)
 _TOOL_INPUT = frozenset({ToolStart, ToolComplete, RunFinished, SessionIdle})
 
@@ -135,9 +136,18 @@ class Accountant:
         self.settle()
         return self._context
 
-    def set_context_window(self, session_id: str, window: int | None, reserve: int = 0) -> None:
-        """A run's own context window for ``session_id`` (``None``: back to the table)."""
-        self._context.pin(session_id, None if window is None else ModelWindow(window, reserve))
+    def set_context_window(
+        self, session_id: str, window: int | None, reserve: int | None = None
+    ) -> None:
+        """A run's own context window for ``session_id`` (``None``: back to the table).
+
+        It wins over ``window_for``, the config's overrides and the table, for
+        the session's conversations now and later (sub-agents included).
+        ``reserve`` ``None``: the table's reserve for the model, if below ``window``.
+        The daemon calls this for ``start_run.context_window`` as it starts the run,
+        before the driver can feed anything.
+        """
+        self._context.pin(session_id, window, reserve)
 
     @property
     def stale_events(self) -> int:
@@ -305,7 +315,7 @@ class Accountant:
             complete = ToolComplete(
                 tool_call_id=timeout.tool_call_id,
                 name=timeout.name,
-                status="error",
+                status="timed_out",
                 error=f"{TIMED_OUT}: no result after {timeout.limit_s:g}s "
                 f"(the busd limit for {timeout.name})",
                 duration_s=timeout.elapsed_s,

@@ -40,6 +40,7 @@ from .events import (
     RunStarted,
     SessionCompaction,
     SessionContext,
+    SessionContextParts,
     SessionError,
     SessionIdle,
     SessionInfo,
@@ -151,6 +152,7 @@ _KEY_FUNCTIONS: Final[dict[type[Event], Keyer]] = {
     StreamingStats: _per_session_agent(StreamingStats),
     ContextUsage: _per_session_agent(ContextUsage),
     SessionContext: _per_session_agent(SessionContext),
+    SessionContextParts: _per_session_agent(SessionContextParts),
 }
 
 KEYED_TYPES: Final[frozenset[type[Event]]] = frozenset(_KEY_FUNCTIONS)

@@ -39,6 +39,7 @@ from .events import (
     RunStarted,
     SessionCompaction,
     SessionContext,
+    SessionContextParts,
     SessionIdle,
     SessionStart,
     SessionTruncation,
@@ -52,7 +53,7 @@ from .events import (
     Usage,
     UserPrompt,
 )
-from .windows import ModelWindow, ModelWindows
+from .windows import ModelWindows
 
 __all__ = [
     "ContextRegistry",
@@ -500,6 +501,11 @@ class ContextWindow:
             self.truncated(event.tokens_removed)
         elif type(event) is SessionContext:
             self.observe_reported(event.window, max(0, event.used))
+        elif type(event) is SessionContextParts:
+            if event.system is not None:
+                self.set_system(max(0, event.system))
+            if event.tools is not None:
+                self.set_tools(max(0, event.tools))
 
     def _end_turn(self, *, cancelled: bool) -> None:
         if cancelled and not self._turn_usage:
@@ -590,24 +596,28 @@ class ContextRegistry:
         self._max = max_windows
         self._windows: dict[tuple[str, str | None], ContextWindow] = {}
         self._last: tuple[tuple[str, str | None], ContextWindow] | None = None
-        self._pinned: dict[str, ModelWindow] = {}
+        self._pinned: dict[str, tuple[int, int | None]] = {}  # session -> (window, reserve)
         self._evicted = 0
 
-    def pin(self, session_id: str, window: ModelWindow | None) -> None:
+    def pin(self, session_id: str, window: int | None, reserve: int | None = None) -> None:
         """Fix the window of ``session_id``'s conversations (``None``: unpin).
 
         For a run's own override: the model table and later model names no
-        longer change it.
+        longer change it. ``reserve`` ``None`` keeps the table's reserve for
+        the model named (0 until one is, or when it is not below ``window``).
         """
         if window is None:
             self._pinned.pop(session_id, None)
             return
+        if window <= 0 or (reserve is not None and not 0 <= reserve < window):
+            raise ValueError(f"need 0 < window and 0 <= reserve < window: {window}, {reserve}")
         if len(self._pinned) >= self._max and session_id not in self._pinned:
             del self._pinned[next(iter(self._pinned))]
-        self._pinned[session_id] = window
+        self._pinned[session_id] = (window, reserve)
         for (sid, _), context in self._windows.items():
             if sid == session_id:
-                context.set_window(window.window, reserve=window.reserve)
+                kept = reserve if reserve is not None else context.reserve
+                context.set_window(window, reserve=kept if kept < window else 0)
 
     def get(self, session_id: str, agent_id: str | None = None) -> ContextWindow | None:
         return self._windows.get((session_id, agent_id))
@@ -624,18 +634,10 @@ class ContextRegistry:
             if len(windows) >= self._max:
                 del windows[next(iter(windows))]
                 self._evicted += 1
-            pinned = self._pinned.get(session_id)
-            if pinned is not None:
-                found = ContextWindow(
-                    pinned.window,
-                    reserve=pinned.reserve,
-                    threshold=self._threshold,
-                    calibrate=self._calibrate,
-                )
-            else:
-                found = ContextWindow(
-                    self._window, threshold=self._threshold, calibrate=self._calibrate
-                )
+            window, reserve = self._pinned.get(session_id, (self._window, None))
+            found = ContextWindow(
+                window, reserve=reserve or 0, threshold=self._threshold, calibrate=self._calibrate
+            )
         windows[key] = found
         self._last = (key, found)
         return found
@@ -650,8 +652,14 @@ class ContextRegistry:
         cls = type(event)
         if cls is SessionStart or cls is Usage or cls is RunStarted:
             model = cast(SessionStart, event).model
-            if model and session_id not in self._pinned and not context.window_reported:
-                self._size(context, model)
+            if model and not context.window_reported:
+                pinned = self._pinned.get(session_id)
+                if pinned is None:
+                    self._size(context, model)
+                elif pinned[1] is None and self._models is not None:
+                    found = self._models.lookup(model)  # the pinned window, the model's reserve
+                    if found is not None and found.reserve < pinned[0]:
+                        context.set_window(pinned[0], reserve=found.reserve)
         context.observe(envelope)
         return context
 

@@ -37,6 +37,7 @@ __all__ = [
     "RunStarted",
     "SessionCompaction",
     "SessionContext",
+    "SessionContextParts",
     "SessionError",
     "SessionIdle",
     "SessionInfo",
@@ -122,6 +123,8 @@ class ToolMetrics(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     last_called: float | None = None
     last_s: float | None = None
     """How long the last call that ended took."""
+    timed_out: int = 0
+    """Of ``errors``, the calls busd ended at their time limit (status ``timed_out``)."""
 
 
 class ContextBreakdown(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -249,6 +252,28 @@ class SessionContext(Event, frozen=True, tag="stream.session.context"):
     window: int | None = None
 
 
+class SessionContextParts(Event, frozen=True, tag="stream.session.context_parts"):
+    """What every model call of the session sends besides the conversation, as token counts.
+
+    The system prompt and the tool specs, as far as the agent's SDK shows
+    them (the ``anthropic`` driver knows both; Claude Code's ``init`` line
+    only the tools' names). A separate event, not fields of
+    ``stream.session.start``: both can change from one run to the next, and
+    whoever knows them (a driver, not the adapter) publishes them when it
+    does. Counts, not texts: every frontend gets this event, and a system
+    prompt is the agent's business; the count is all the context figure
+    needs. ``None``: not known, the earlier figure stays. The context
+    breakdown's ``system`` and ``tools`` parts come from here.
+    """
+
+    system: int | None = None
+    """Tokens of the system prompt (the publisher's count or estimate)."""
+    tools: int | None = None
+    """Tokens of the tool specs (names, descriptions, input schemas)."""
+    tool_names: list[str] = []
+    """The tools offered, by name, when the source lists them."""
+
+
 # -- stream.turn.* -----------------------------------------------------------
 
 
@@ -329,11 +354,16 @@ class ToolPartialResult(Event, frozen=True, tag="stream.tool.partial_result"):
 
 
 class ToolComplete(Event, frozen=True, tag="stream.tool.complete"):
-    """A tool call ended."""
+    """A tool call ended.
+
+    ``timed_out``: busd ended it at its time limit (``busd.tool.timeout``
+    comes just before, ``error`` says which limit); the call failed, as an
+    ``error`` did, and a result the agent still sends later is a duplicate.
+    """
 
     tool_call_id: str
     name: str | None = None
-    status: Literal["ok", "error", "cancelled"] = "ok"
+    status: Literal["ok", "error", "cancelled", "timed_out"] = "ok"
     output: str | None = None
     error: str | None = None
     duration_s: float | None = None
@@ -484,11 +514,15 @@ class RunFinished(Event, frozen=True, tag="busd.run.finished"):
     ``usage`` is the run's share of its session's totals; ``models`` is that
     share per model (what each model's running total gained during the run),
     when the session's usage reports break down by model.
+    ``output_estimated`` is true when ``usage.output_tokens`` includes output
+    no count covers (a run cut short, say cancelled mid-answer, after its
+    agent's last count): the live estimate, as ``busd.stats`` showed it last.
     """
 
     status: Literal["ok", "error", "cancelled", "timed_out"]
     duration_s: float
     usage: TokenUsage = TokenUsage()
+    output_estimated: bool = False
     models: dict[str, TokenUsage] = {}
     thinking_s: float = 0.0
     tools: list[ToolMetrics] = []

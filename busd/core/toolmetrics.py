@@ -1,10 +1,12 @@
 """Tool metrics and timeouts (sans-I/O).
 
 :class:`ToolTracker` follows ``stream.tool.start`` / ``stream.tool.complete``
-and keeps, per tool name, how often it was called, how often it failed and
-how long it took. It also knows when each open call runs past its limit: the
-Trio shell sleeps until :meth:`ToolTracker.next_deadline`, then publishes
-what :meth:`ToolTracker.check` returns, so there is no polling and each
+and keeps, per tool name, how often it was called, how often it failed (a
+call ended with status ``timed_out`` failed too, and is also counted apart:
+``ToolMetrics.timed_out``) and how long it took. It also knows when each
+open call runs past its limit: the Trio shell sleeps until
+:meth:`ToolTracker.next_deadline`, then publishes what
+:meth:`ToolTracker.check` returns, so there is no polling and each
 overdue call is reported exactly once.
 """
 
@@ -51,11 +53,12 @@ class _Call:
 
 
 class _Stat:
-    __slots__ = ("calls", "errors", "last_called", "last_s", "timed", "total_s")
+    __slots__ = ("calls", "errors", "last_called", "last_s", "timed", "timed_out", "total_s")
 
     def __init__(self) -> None:
         self.calls = 0
-        self.errors = 0
+        self.errors = 0  # status error or timed_out
+        self.timed_out = 0
         self.timed = 0  # calls whose duration is known
         self.total_s = 0.0
         self.last_called: float | None = None
@@ -216,8 +219,12 @@ class ToolTracker:
             stat.timed += 1
             stat.total_s += max(0.0, duration)
             stat.last_s = max(0.0, duration)
-        if event.status == "error":
+        status = event.status
+        if status == "error":
             stat.errors += 1
+        elif status == "timed_out":  # a failure too, counted apart as well
+            stat.errors += 1
+            stat.timed_out += 1
         self._finished(call_id)
 
     def _finished(self, call_id: str) -> None:
@@ -263,8 +270,10 @@ class ToolTracker:
     def check(self, now: float) -> list[ToolTimeout]:
         """Timeouts of open calls whose limit passed by ``now``, each reported once.
 
-        A call that timed out stays open: its completion, if it ever comes,
-        still counts with its real duration.
+        A call that timed out stays open here: the accountant then ends it
+        with a ``stream.tool.complete`` of status ``timed_out`` (fed back
+        here, it counts as an error and a timeout); fed nothing, the tracker
+        would count the real completion, if it ever came, with its duration.
         """
         heap = self._heap
         fired: list[ToolTimeout] = []
@@ -329,4 +338,5 @@ def _metrics(name: str, stat: _Stat) -> ToolMetrics:
         mean_s=stat.total_s / stat.timed if stat.timed else 0.0,
         last_called=stat.last_called,
         last_s=stat.last_s,
+        timed_out=stat.timed_out,
     )

@@ -77,6 +77,12 @@ def answer(daemon: Daemon, command: object, *, by: str) -> Any:
                 )
             except RunRejected as exc:
                 raise Failed(exc.code, str(exc)) from None
+            if command.context_window is not None:
+                # Pinned before the driver can feed anything (it starts on the next
+                # checkpoint); busd.run.started, already published, only named the model.
+                daemon.accountant.set_context_window(
+                    state.request.session_id, command.context_window, command.output_reserve
+                )
             return {"run_id": state.run_id, "session_id": state.request.session_id}
         case CancelRun():
             try:

@@ -426,14 +426,18 @@ class RunManager:
         stats = self.daemon.accountant.stats.run_stats(state.run_id, now)
         snapshot = self.daemon.sessions.snapshot(session)
         context = self.daemon.accountant.context.get(session)
+        usage = _minus(
+            (snapshot.usage if snapshot is not None else None) or TokenUsage(), state.usage_before
+        )
+        cut = _cut_estimate(self.daemon.accountant, state)
+        if cut:
+            usage = msgspec.structs.replace(usage, output_tokens=usage.output_tokens + cut)
         self.daemon.publish(
             RunFinished(
                 status=state.status,  # type: ignore[arg-type]
                 duration_s=round(now - state.started_at, 6),
-                usage=_minus(
-                    (snapshot.usage if snapshot is not None else None) or TokenUsage(),
-                    state.usage_before,
-                ),
+                usage=usage,
+                output_estimated=cut > 0,
                 models=_per_model(
                     snapshot.usage_by_model if snapshot is not None else {}, state.models_before
                 ),
@@ -464,6 +468,25 @@ class RunManager:
             state.tools.observe(envelope, trio.current_time())
             if type(envelope.event) is SessionError:
                 state.reported_error = True
+
+
+def _cut_estimate(accountant: Accountant, state: RunState) -> int:
+    """The output of a run cut short that no count covers: the live estimate of it.
+
+    A run that did not end ``ok`` (cancelled mid-answer, timed out) may have
+    streamed output after the last count its agent reported, and no count
+    will ever come for it: the summary adds the accountant's estimate of it,
+    as the live line showed it. A run that ended ``ok`` takes its agents'
+    counts as they are (what a live estimate still holds then is output
+    those counts cover), and a run with no count at all keeps an empty usage,
+    for frontends to show the live figure. The run's own tracker counts from
+    the session's figure when the run began: an earlier run's estimate stays
+    that run's.
+    """
+    tracker = accountant.stats.run(state.run_id)
+    if state.status == "ok" or tracker is None or tracker.statistics().reports == 0:
+        return 0
+    return max(0, tracker.output_tokens - tracker.authoritative_output_tokens)
 
 
 def _per_model(

@@ -227,6 +227,8 @@ class RunView:
 def summary_lines(finished: RunFinished) -> list[str]:
     """``✻ Worked for 3s · ↓ 112 tokens`` and ``ok · 69 in · 112 out · $0.0012``.
 
+    An output count that includes busd's estimate (a run cut short after its
+    last count) reads ``~``, as on the live line: ``↓ ~16 tokens``, ``~16 out``.
     A run that used more than one model gets one more line, each model's
     share: ``claude-sonnet-4-5 412 out · claude-haiku-4-5 3 out``.
     """
@@ -234,11 +236,13 @@ def summary_lines(finished: RunFinished) -> list[str]:
     stats = StreamingStats(
         elapsed_s=finished.duration_s,
         output_tokens=usage.output_tokens,
+        output_estimated=finished.output_estimated,
         thinking_s=finished.thinking_s,
     )
+    approx = "~" if finished.output_estimated else ""
     parts = [finished.status.replace("_", " ")]
     parts.append(f"{format_tokens(usage.input_tokens)} in")
-    parts.append(f"{format_tokens(usage.output_tokens)} out")
+    parts.append(f"{approx}{format_tokens(usage.output_tokens)} out")
     if usage.reasoning_tokens:
         parts.append(f"{format_tokens(usage.reasoning_tokens)} reasoning")
     if usage.cache_read_tokens:
@@ -328,7 +332,7 @@ class PrettyPrinter:
             if event.status == "ok":
                 return [f"  ⎿ {name} ok{took}"]
             detail = f": {_brief(event.error)}" if event.error else ""
-            return [f"  ⎿ {name} {event.status}{took}{detail}"]
+            return [f"  ⎿ {name} {event.status.replace('_', ' ')}{took}{detail}"]
         if type(event) is PermissionRequested:
             self.remember(event)
             what = event.title or (_brief(event.input) if event.input else "")
@@ -370,6 +374,8 @@ class HeadlessRun(msgspec.Struct, frozen=True, kw_only=True):
     options: dict[str, Any] = {}
     env: dict[str, str] | None = None
     """The agent's environment (``busd run``'s own); ``None``: the daemon's."""
+    context_window: int | None = None
+    """The session's context window (``--context-window``); ``None``: the model table's."""
     rules: ToolRules = ToolRules()
     watchdog: float | None = None
     """For the in-process daemon only; a running daemon keeps its own."""
@@ -488,6 +494,7 @@ class _Follower:
                 options=spec.options,
                 permission_rules=spec.rules.permission_rules(),
                 env=spec.env,
+                context_window=spec.context_window,
             )
         except RequestFailed as exc:
             self.refused = exc

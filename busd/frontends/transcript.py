@@ -139,6 +139,8 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``None`` while the journal holds no ``busd.run.finished`` for it."""
     duration_s: float | None = None
     usage: TokenUsage | None = None
+    output_estimated: bool = False
+    """``usage.output_tokens`` includes busd's estimate (see ``busd.run.finished``)."""
     thinking_s: float = 0.0
     tools: list[ToolMetrics] = []
     error: str | None = None
@@ -315,6 +317,7 @@ class _Fold:
                 status=event.status,
                 duration_s=event.duration_s,
                 usage=event.usage,
+                output_estimated=event.output_estimated,
                 thinking_s=event.thinking_s,
                 tools=event.tools,
                 error=event.error,

@@ -190,19 +190,21 @@ def _render_tool(view: SessionView, block: ToolBlock, now: float, *, depth: int)
             "ok": ("✓", "green"),
             "error": ("✗", "red"),
             "cancelled": ("⊘", "dim"),
+            "timed_out": ("✗", "red"),  # busd ended it at its limit (an error)
         }[block.status]
         head.append(f"{glyph} ", style=style)
-        word = "" if block.status == "ok" else f"{block.status} "
+        word = "" if block.status == "ok" else f"{block.status.replace('_', ' ')} "
         tail.append(f"  {word}{tool_duration(block.elapsed(now))}", style=style)
     head.append(tool_head(block.name, block.input, 1000), style="bold")
     if block.timed_out:
         tail.append("  ⏱ over its time limit", style="yellow")
     parts: list[RenderableType] = [_Line(head, tail)]
-    detail = block.error if block.status == "error" and block.error else block.output
+    failed = block.status in ("error", "timed_out")
+    detail = block.error if failed and block.error else block.output
     if detail and detail.strip():
         rest = len(detail.strip().splitlines()) - 1
         more = f" (+{rest} lines)" if rest > 0 else ""
-        style = "red" if block.status == "error" else "dim"
+        style = "red" if failed else "dim"
         first = Text(f"  └ {clip(detail, 1000, more=False)}", style=style)
         parts.append(_Line(first, Text(more, style=style)))
     for agent_id in block.agents:
@@ -483,10 +485,10 @@ def _block_lines(block: Block, printed: _Printed) -> list[str]:
             lines.append(f"⏺ {tool_head(block.name, block.input)}")
         if block.status != "running":
             printed.ended = True
-            glyph = {"ok": "✓", "error": "✗", "cancelled": "⊘"}[block.status]
-            word = "" if block.status == "ok" else f" {block.status}"
+            glyph = {"ok": "✓", "error": "✗", "cancelled": "⊘", "timed_out": "✗"}[block.status]
+            word = "" if block.status == "ok" else f" {block.status.replace('_', ' ')}"
             line = f"{glyph} {block.name}{word} {tool_duration(block.elapsed(0.0))}"
-            if block.status == "error" and block.error:
+            if block.status in ("error", "timed_out") and block.error:
                 line += f": {clip(block.error, 120)}"
             lines.append(line)
         return lines

@@ -132,7 +132,7 @@ class ToolBlock(_Block, tag="tool"):
     name: str
     started_ts: float
     input: dict[str, Any] = {}
-    status: Literal["running", "ok", "error", "cancelled"] = "running"
+    status: Literal["running", "ok", "error", "cancelled", "timed_out"] = "running"
     duration_s: float | None = None
     output: str | None = None
     error: str | None = None
@@ -223,6 +223,9 @@ class SessionView(msgspec.Struct, kw_only=True):
     stats: StreamingStats | None = None
     stats_ts: float = 0.0
     usage: TokenUsage | None = None
+    models: dict[str, TokenUsage] = {}
+    """The session's running total per model (``stream.usage`` ``models``), for
+    sessions busd only observes: a run's own share is in ``finished.models``."""
     context: ContextUsage | None = None
     finished: RunFinished | None = None
     run_output_base: int = 0
@@ -256,17 +259,19 @@ class SessionView(msgspec.Struct, kw_only=True):
     def summary_stats(self) -> StreamingStats | None:
         """The figures of the summary line once the work is done (None while busy).
 
-        A finished run's own summary (the provider's exact output count) wins
-        over the last live report. When the provider reported no output count
-        for the run (ACP agents that send only ``usage_update``), the run's
-        share of the live count, busd's estimate, stands in, marked estimated.
+        A finished run's own summary wins over the last live report: the
+        provider's count, or busd's estimate where none covers the output
+        (``output_estimated``: a run cut short after its last count). When
+        the provider reported no output count for the run (ACP agents that
+        send only ``usage_update``), the run's share of the live count, busd's
+        estimate, stands in, marked estimated.
         """
         if self.busy:
             return None
         finished = self.finished
         if finished is None:
             return self.stats
-        output, estimated = finished.usage.output_tokens, False
+        output, estimated = finished.usage.output_tokens, finished.output_estimated
         if output == 0 and self.stats is not None:
             output = max(0, self.stats.output_tokens - self.run_output_base)
             estimated = output > 0
@@ -281,13 +286,14 @@ class SessionView(msgspec.Struct, kw_only=True):
         """``✻ Worked for 18s · ↓ 1.4k tokens · thought for 5s`` once the work is done.
 
         When the run used more than one model, each model's share follows
-        (``· sonnet 412 out · haiku 3 out``).
+        (``· sonnet 412 out · haiku 3 out``); for a session busd only observes
+        (no run), each model's total so far.
         """
         stats = self.summary_stats()
         if stats is None:
             return None
         line = summary_line(stats)
-        models = models_line(self.finished.models) if self.finished is not None else None
+        models = models_line(self.finished.models if self.finished is not None else self.models)
         return line if models is None else f"{line} · {models}"
 
     def tools_line(self) -> str | None:
@@ -526,6 +532,8 @@ class SessionView(msgspec.Struct, kw_only=True):
         elif isinstance(event, Usage):
             if envelope.agent_id is None:
                 self.usage = event.tokens
+                if event.models:
+                    self.models = event.models
         elif isinstance(event, ContextUsage):
             self.context = event
         elif isinstance(event, TurnStart):

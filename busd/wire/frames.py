@@ -224,6 +224,7 @@ EventT = TypeVar("EventT", bound=Event)
 EventT_co = TypeVar("EventT_co", bound=Event, covariant=True)
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(gt=0)]
 
 
 class Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", omit_defaults=True):
@@ -364,6 +365,22 @@ class StartRun(Command, frozen=True, tag="start_run"):
     env: dict[str, str] | None = None
     """The environment the agent runs with: the whole of it, not added to the daemon's
     (``busd run`` sends its own). ``None``: the daemon's. Never published or logged."""
+    context_window: Positive | None = None
+    """The context window of the run's session, in tokens: it wins over the model table
+    and the config's ``[context.windows]``, for this run and the session's later ones
+    (until another run gives its own). ``None``: the table's."""
+    output_reserve: NonNegative | None = None
+    """Tokens kept for the model's output (``free`` leaves them out); only with
+    ``context_window`` and below it. ``None``: the table's reserve for the model,
+    when that is below the window."""
+
+    def __post_init__(self) -> None:
+        reserve, window = self.output_reserve, self.context_window
+        if reserve is not None and (window is None or reserve >= window):
+            raise ValueError(
+                "output_reserve needs a context_window above it "
+                f"(output_reserve={reserve}, context_window={window})"
+            )
 
 
 class CancelRun(Command, frozen=True, tag="cancel_run"):

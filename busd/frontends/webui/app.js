@@ -130,7 +130,7 @@
     }
   }
 
-  const TOOL_MARK = { running: "…", ok: "✓", error: "✗", cancelled: "⊘" };
+  const TOOL_MARK = { running: "…", ok: "✓", error: "✗", cancelled: "⊘", timed_out: "✗" };
 
   function renderTool(view, block) {
     const key = `${view.session_id}:tool:${block.tool_call_id}`;

@@ -32,6 +32,11 @@ What a :class:`~busd.RunRequest` means here:
   default :data:`DEFAULT_MAX_TOKENS`; ``thinking``, ``tools``,
   ``temperature``, ...).
 
+Before the call the driver publishes ``stream.session.context_parts``: the
+request's ``system`` and ``tools`` as token estimates (and the tools'
+names), which only the driver sees. They make the ``system`` and ``tools``
+parts of the session's context breakdown.
+
 Errors are the SDK's own exceptions, except two that say what to do
 (:class:`AnthropicRunError`): the SDK is not installed (:data:`NO_SDK`), or
 no credentials were found (:data:`NO_KEY`; the SDK raises a ``TypeError``).
@@ -55,7 +60,15 @@ from typing import Any, Final
 
 import trio
 
-from busd import BusdError, RunContext, RunRequest, SessionContext
+from busd import (
+    BusdError,
+    RunContext,
+    RunRequest,
+    SessionContext,
+    SessionContextParts,
+    estimate_json_tokens,
+    estimate_tokens,
+)
 
 __all__ = [
     "API_URL",
@@ -68,6 +81,7 @@ __all__ = [
     "AnthropicRunError",
     "StreamIncomplete",
     "call_arguments",
+    "context_parts",
 ]
 
 DEFAULT_MODEL: Final = "claude-sonnet-4-6"
@@ -114,10 +128,13 @@ class AnthropicDriver:
 
         client_options, params = call_arguments(context.request)
         count = bool(params.pop("count_tokens", False))
+        parts = context_parts(params)
         client = AsyncAnthropic(**client_options)
         try:
             if count:
                 await _count_tokens(client, params, context)
+            if parts is not None:  # within the API's count, if there is one
+                context.publish(parts)
             stream = await client.messages.create(**params, stream=True)
             stopped = False
             try:
@@ -171,6 +188,35 @@ def call_arguments(request: RunRequest) -> tuple[dict[str, Any], dict[str, Any]]
     if request.system_prompt is not None:
         params["system"] = request.system_prompt
     return client_options, params
+
+
+def context_parts(params: Mapping[str, Any]) -> SessionContextParts | None:
+    """The call's system prompt and tool specs as token estimates (``None``: it has neither).
+
+    The driver is the one place that sees them: the API's stream never
+    repeats the request. What is counted is what the API tokenizes: the
+    system text (a string, or its text blocks) and each tool as sent.
+    """
+    system, tools = params.get("system"), params.get("tools")
+    if not system and not tools:
+        return None
+    if isinstance(system, str):
+        system_tokens = estimate_tokens(system)
+    elif isinstance(system, list):
+        system_tokens = sum(
+            estimate_tokens(str(block.get("text", ""))) if isinstance(block, Mapping) else 0
+            for block in system
+        )
+    else:
+        system_tokens = 0
+    specs = list(tools) if isinstance(tools, list | tuple) else []
+    return SessionContextParts(
+        system=system_tokens,
+        tools=sum(estimate_json_tokens(spec) for spec in specs),
+        tool_names=[
+            str(spec["name"]) for spec in specs if isinstance(spec, Mapping) and "name" in spec
+        ],
+    )
 
 
 _COUNTED: Final = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")

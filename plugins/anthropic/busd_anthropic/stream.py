@@ -18,17 +18,20 @@ blocks that way, with no ``message_delta`` after): they count exactly as if
 streamed.
 
 Usage: ``message_start`` and ``message_delta`` carry the call's counts so far
-(``message_delta`` is cumulative: 30 means 30, never 1 + 30), so both are
-recorded as cumulative snapshots of that call in a
-:class:`~busd.UsageLedger`, whose session total is the running total
-the ``stream.usage`` events carry. With ``usage.iterations`` (server-side
-compaction runs several model iterations in one call) the top-level figures
-are the last iteration's only: the call's billed usage is the sum over the
-iterations, and the context after it the last iteration's input plus output,
-reported as ``stream.session.context``. A ``compaction`` block becomes
-``stream.session.compaction``. An owner with an authoritative figure of
-its own (Claude Code's ``result``) raises a floor under that total with
-:meth:`MessageStream.raise_floor`.
+(``message_delta`` is cumulative: 30 means 30, never 1 + 30), recorded as
+cumulative snapshots of that call in a :class:`~busd.UsageLedger`, whose
+session total the ``stream.usage`` events carry. With ``usage.iterations``
+(server-side compaction) the top-level figures are the last iteration's only:
+the call is billed the sum over the iterations, and the context after it is
+the last iteration's input plus output (``stream.session.context``). A
+``compaction`` block becomes ``stream.session.compaction``. An owner with an
+authoritative total (Claude Code's ``result``) raises a floor under it with
+:meth:`MessageStream.raise_floor`. A call that ends on the provider's terms
+(a stop reason, an ``error``, a final snapshot with current usage) ends with
+``stream.usage`` even when its count did not change (``message_start`` may
+already carry the final output, or 0): that count covers what it streamed,
+so a live estimate gives way to it. A call cut short (cancelled) says
+nothing more: its tail stays an estimate.
 
 Pure and synchronous: no clock, no I/O.
 """
@@ -38,7 +41,10 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Mapping
+from functools import reduce
 from typing import Any, Final, Protocol
+
+from msgspec.structs import replace
 
 from busd import (
     Event,
@@ -56,6 +62,7 @@ from busd import (
     TurnStart,
     Usage,
     UsageLedger,
+    add_usage,
     merge_cumulative,
     normalize_usage,
 )
@@ -172,6 +179,7 @@ class MessageStream:
         "_call",
         "_call_tools",
         "_calls",
+        "_counted",
         "_floor",
         "_has_tool",
         "_ledger",
@@ -185,6 +193,7 @@ class MessageStream:
         "_start_input",
         "_stop_reason",
         "_streamed",
+        "_unreported",
         "model",
         "parent_tool_call_id",
     )
@@ -218,6 +227,8 @@ class MessageStream:
         self._skipping = False
         self._floor = _ZERO
         self._reported: TokenUsage | None = None
+        self._counted = False  # the open call's usage was recorded (a current count)
+        self._unreported = False  # output was emitted after the last stream.usage
 
     # -- state the owner may ask about ---------------------------------------
 
@@ -266,11 +277,9 @@ class MessageStream:
                 self._reporter.malformed("message_stop", "no message is open")
             else:
                 self._finish_call(out, now, finish_reason(self._stop_reason), cut=False)
-        elif kind == "ping":
-            pass
         elif kind == "error":
             self._error(event, now, out)
-        else:
+        elif kind != "ping":
             self._reporter.unknown(kind if isinstance(kind, str) else "<no type>")
         return out
 
@@ -322,11 +331,11 @@ class MessageStream:
         self._settle(out, now, cancelled=cancelled)
         return out
 
-    def raise_floor(self, usage: TokenUsage) -> list[Event]:
-        """Raise the running total to at least ``usage`` (an authoritative total)."""
+    def raise_floor(self, usage: TokenUsage, *, final: bool = False) -> list[Event]:
+        """Raise the total to at least ``usage``; ``final``: it covers all output so far."""
         self._floor = merge_cumulative(self._floor, usage)
         out: list[Event] = []
-        self._report(out)
+        self._report(out, final=final)
         return out
 
     # -- calls -------------------------------------------------------------------
@@ -338,6 +347,7 @@ class MessageStream:
         self._has_tool = False
         self._snapshot_parts = 0
         self._start_input = None
+        self._counted = False
         seen = self._seen
         seen[message_id] = streamed
         if len(seen) > self._remember:
@@ -431,6 +441,8 @@ class MessageStream:
             for index in sorted(blocks):
                 self._finish_block(blocks[index], now, out, stopped=cut)
             blocks.clear()
+        if self._counted and (not cut or reason == "error"):
+            self._report(out, final=True)  # the call's last count is its final one
         out.append(TurnEnd(turn_id=self._call, finish_reason=reason))
         self._call = None
         self._stop_reason = None
@@ -499,6 +511,7 @@ class MessageStream:
         if not isinstance(text, str) or not text:
             return
         block.chunks.append(text)
+        self._unreported = True
         if block.kind == _TEXT:
             out.append(TextDelta(message_id=block.part_id, text=text))
         else:
@@ -549,6 +562,7 @@ class MessageStream:
 
     def _finish_block(self, block: _Block, now: float, out: list[Event], *, stopped: bool) -> None:
         kind = block.kind
+        self._unreported = True
         if kind == _TEXT:
             text = "".join(block.chunks)
             out.append(TextComplete(message_id=block.part_id, text=text, stopped=stopped))
@@ -613,6 +627,7 @@ class MessageStream:
         """A complete content block of a snapshot: its deltas and completion at once."""
         btype = _str(data.get("type"))
         part_id = f"{self._call}:{self._snapshot_parts}"
+        self._unreported = True
         if btype == "text":
             text = _str(data.get("text")) or ""
             if text:
@@ -651,27 +666,13 @@ class MessageStream:
     def _record(self, payload: Mapping[str, Any], out: list[Event]) -> None:
         tokens = normalize_usage(payload, provider="anthropic")
         iterations = payload.get("iterations")
-        steps = (
-            [
-                normalize_usage(step, provider="anthropic")
-                for step in iterations
-                if isinstance(step, Mapping)
-            ]
-            if isinstance(iterations, list)
-            else []
-        )
+        listed = iterations if isinstance(iterations, list) else []
+        steps = [normalize_usage(s, provider="anthropic") for s in listed if isinstance(s, Mapping)]
         several = len(steps) > 1
         if several:  # the top level is the last iteration only; the call is billed for all
-            tokens = TokenUsage(
-                input_tokens=sum(step.input_tokens for step in steps),
-                output_tokens=sum(step.output_tokens for step in steps),
-                reasoning_tokens=max(
-                    tokens.reasoning_tokens, sum(s.reasoning_tokens for s in steps)
-                ),
-                cache_read_tokens=sum(step.cache_read_tokens for step in steps),
-                cache_write_tokens=sum(step.cache_write_tokens for step in steps),
-                cost_usd=tokens.cost_usd,
-            )
+            summed = reduce(add_usage, steps)
+            reasoning = max(tokens.reasoning_tokens, summed.reasoning_tokens)
+            tokens = replace(summed, reasoning_tokens=reasoning, cost_usd=tokens.cost_usd)
         changed = self._ledger.record(
             session_id=self._ledger_key,
             run_id=None,
@@ -679,14 +680,19 @@ class MessageStream:
             usage=tokens,
             cumulative=True,
         )
+        self._counted = True
         if changed:
             self._report(out)
         if several:  # earlier iterations (a compaction) are no longer context
             last = steps[-1]
             out.append(SessionContext(used=_context_input(last) + last.output_tokens))
 
-    def _report(self, out: list[Event]) -> None:
+    def _report(self, out: list[Event], *, final: bool = False) -> None:
+        """The running total when it changed (not to zeros), or ``final`` after new output."""
         total = self.total()
-        if total != self._reported and total != _ZERO:
-            self._reported = total
-            out.append(Usage(tokens=total, model=self.model))
+        changed = total != self._reported
+        if not ((changed and total != _ZERO) or (final and (changed or self._unreported))):
+            return
+        self._reported = total
+        self._unreported = False
+        out.append(Usage(tokens=total, model=self.model))

@@ -16,7 +16,8 @@ Decisions a consumer should know:
   floor under the running total (a field-wise max): its ``usage`` is the
   turn's main-model calls only, so the floor is the sum of ``modelUsage``
   over every model (sub-agents, side calls), priced at ``total_cost_usd``,
-  both running totals of the process. Then ``stream.session.context``: what
+  both running totals of the process; it goes out even unchanged, so a live
+  estimate gives way. Then ``stream.session.context``: what
   the last main-model call left in the window, never the total (see
   :mod:`.usage`); docs/usage.md has the figures.
 - **Sub-agents.** Lines with a ``parent_tool_use_id`` were produced by the
@@ -551,7 +552,8 @@ class ClaudeCodeTranslator(Translator):
             final = merge_cumulative(final, models)
         grew = self._by_model.record(sid, line)
         main = self._lane(sid, None)
-        events = main.raise_floor(final)
+        # It counts every call of the turn, even one an interrupt cut (the CLI's own figure).
+        events = main.raise_floor(final, final=True)
         if grew and not any(type(e) is Usage for e in events):  # same total, new breakdown
             events.append(Usage(tokens=main.total(), model=main.model))
         self._deliver(out, events, sid, None, now)
