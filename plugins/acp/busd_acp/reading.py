@@ -32,6 +32,7 @@ __all__ = [
     "input_of",
     "is_id",
     "plan_summary",
+    "plan_text",
     "string",
     "tool_output",
 ]
@@ -201,3 +202,15 @@ def plan_summary(entries: object) -> str:
             content = m.get("content")
             lines.append(f"{mark} {content if isinstance(content, str) else ''}")
     return "\n".join([f"Plan ({done}/{len(lines)} done)", *lines])
+
+
+def plan_text(plan: Mapping[str, Any]) -> str | None:
+    """A ``plan_update``'s plan for people (``None``: a type this reader does not know)."""
+    kind = plan.get("type")
+    if kind == "items":
+        return plan_summary(plan.get("entries"))
+    if kind == "markdown" and isinstance(plan.get("content"), str):
+        return str(plan["content"])
+    if kind == "file" and isinstance(plan.get("uri"), str):
+        return f"Plan: {plan['uri']}"
+    return None

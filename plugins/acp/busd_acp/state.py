@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from busd import SessionContext
+from busd import PermissionResolved, SessionContext
 
-from .reading import REMEMBERED, JsonRpcId, get, is_id
+from .reading import REMEMBERED, JsonRpcId, get, is_id, string
 from .usage import ModelBreakdown
+from .usage import as_map as _map
 
 __all__ = ["Part", "Pending", "Requests", "SessionState", "Tool"]
 
@@ -28,10 +29,12 @@ class Part:
 
 class Tool:
     __slots__ = (
+        "background",
         "call_id",
         "input",
         "kind",
         "last_partial",
+        "parent",
         "raw_name",
         "running_since",
         "started",
@@ -47,6 +50,8 @@ class Tool:
         self.started = False
         self.running_since: float | None = None
         self.last_partial: str | None = None
+        self.parent: str | None = None  # the Agent call whose sub-agent made this call
+        self.background = False  # an Agent call whose sub-agent went on in the background
 
     @property
     def name(self) -> str:
@@ -56,8 +61,10 @@ class Tool:
 
 class SessionState:
     __slots__ = (
+        "agents",
         "context",
         "cost",
+        "cost_unknown",
         "cwd",
         "done_tools",
         "id",
@@ -82,6 +89,7 @@ class SessionState:
         self.models = ModelBreakdown()  # per model, from the prompt responses' model_usage
         self.cwd: str | None = None
         self.cost: float | None = None
+        self.cost_unknown = False  # said that a loaded session's cost cannot be told
         self.context: SessionContext | None = None  # the agent's last usage_update
         self.turn_id: str | None = None
         self.part: Part | None = None
@@ -89,6 +97,7 @@ class SessionState:
         self.unnamed_parts = 0
         self.tools: dict[str, Tool] = {}
         self.done_tools: dict[str, None] = {}
+        self.agents: dict[str, str | None] = {}  # background sub-agents running -> parent call
 
 
 class Pending:
@@ -114,6 +123,24 @@ class Pending:
         self.options: dict[str, str] = {}
         self.resolved = False
         self.cwd: str | None = None
+
+    def resolution(
+        self, result: Mapping[str, Any] | None, error: Mapping[str, Any] | None
+    ) -> PermissionResolved | None:
+        """How the client answered this permission request (``None``: an unknown outcome)."""
+        request_id = self.request_id or ""
+        outcome = None if result is None else _map(result.get("outcome"))
+        chosen = None if outcome is None else outcome.get("outcome")
+        if chosen == "selected" and outcome is not None:
+            oid = string(get(outcome, "optionId", "option_id"))
+            denied = self.options.get(oid or "", "").startswith("reject")
+            return PermissionResolved(
+                request_id=request_id, outcome="denied" if denied else "allowed", option_id=oid
+            )
+        if chosen == "cancelled" or error is not None:
+            reason = None if error is None else string(error.get("message"))
+            return PermissionResolved(request_id=request_id, outcome="cancelled", reason=reason)
+        return None
 
 
 class Requests:

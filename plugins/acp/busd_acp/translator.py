@@ -37,8 +37,11 @@ Choices the protocol leaves open:
   non-empty ``rawInput``, a permission request for the call, or a status past
   ``pending``. ``duration_s`` is measured from ``in_progress``, so time spent
   waiting for a permission is not counted. ``failed`` is ``status="error"``,
-  also in a cancelled turn; a tool still open when its turn ends is
-  ``cancelled``.
+  also in a cancelled turn; a tool still open when its turn (or the stream)
+  ends is ``cancelled``.
+- Sub-agents (claude-agent-acp's, :mod:`busd_acp.subagents`): an ``Agent`` call starts
+  one; tool calls stamped with its id are published under it; it ends with its call,
+  or, launched in the background, with the turn (``cancelled`` if the turn was cut).
 - ``notice`` (and an answer chunk the agent marks as a notice) becomes
   ``stream.session.warning`` or ``stream.session.info``
   (:mod:`busd_acp.notices`), never answer text.
@@ -54,7 +57,8 @@ Choices the protocol leaves open:
   In a session continued with ``session/load`` (or ``resume``) that cost
   also holds the runs before the load, which this stream never saw
   (claude-agent-acp: Claude Code restores it), while the counts are this
-  stream's own: there the cost is busd's price of the counts, per model.
+  stream's own: there the cost is busd's price of the counts, per model;
+  without counts per model (opencode acp) the run has no cost, and a warning.
 - Permission request ids are ``f"acp-{id}"`` of the agent's JSON-RPC id. An
   answer is ``allowed`` or ``denied`` by the selected option's kind,
   ``cancelled`` for ACP's cancelled outcome or an error response; a request
@@ -71,7 +75,10 @@ from typing import Any, Literal
 import msgspec
 
 from busd import (
+    AgentComplete,
+    AgentUpdate,
     Emitted,
+    Event,
     PermissionOption,
     PermissionRequested,
     PermissionResolved,
@@ -81,6 +88,7 @@ from busd import (
     SessionInfo,
     SessionStart,
     SessionTitleChanged,
+    SessionWarning,
     TextComplete,
     TextDelta,
     ThinkingComplete,
@@ -114,12 +122,14 @@ from .reading import (
     input_of,
     is_id,
     plan_summary,
+    plan_text,
     string,
     tool_output,
 )
 from .state import Part, Pending, Requests, SessionState, Tool
+from .subagents import TASK_TOOLS, agent_start, launched_in_background, parent_of
+from .usage import LOADED_COST_UNKNOWN, priced, turn_models, turn_usage, update_cost
 from .usage import as_map as _map
-from .usage import priced, turn_models, turn_usage, update_cost
 
 __all__ = ["AcpTranslator"]
 
@@ -310,7 +320,11 @@ class AcpTranslator(Translator):
         elif kind == "plan":
             self._info(s, plan_summary(update.get("entries")), out)
         elif kind == "plan_update":
-            self._plan_update(s, _map(update.get("plan")) or EMPTY, out)
+            plan = _map(update.get("plan")) or EMPTY
+            if (text := plan_text(plan)) is None:
+                self.malformed(f"session/update:{kind}", f"unknown plan type {plan.get('type')!r}")
+            else:
+                self._info(s, text, out)
         elif kind == "plan_removed":
             self._info(s, "Plan removed", out)
         elif kind == "user_message_chunk":
@@ -331,17 +345,6 @@ class AcpTranslator(Translator):
 
     def _info(self, s: SessionState, message: str, out: list[Emitted]) -> None:
         out.append(self.emit(SessionInfo(message=message), session_id=s.id))
-
-    def _plan_update(self, s: SessionState, plan: Mapping[str, Any], out: list[Emitted]) -> None:
-        kind = plan.get("type")
-        if kind == "items":
-            self._info(s, plan_summary(plan.get("entries")), out)
-        elif kind == "markdown" and isinstance(plan.get("content"), str):
-            self._info(s, str(plan["content"]), out)
-        elif kind == "file" and isinstance(plan.get("uri"), str):
-            self._info(s, f"Plan: {plan['uri']}", out)
-        else:
-            self.malformed("session/update:plan_update", f"unknown plan type {kind!r}")
 
     # -- text and thinking -------------------------------------------------------------
 
@@ -423,6 +426,9 @@ class AcpTranslator(Translator):
         tool = s.tools.get(call_id)
         if tool is None:
             tool = s.tools[call_id] = Tool(call_id)
+        if tool.parent is None and (parent := parent_of(update)) != call_id:
+            tool.parent = parent  # later updates may lose it
+        tool.background = tool.background or launched_in_background(update)
         if not tool.started:
             title = string(update.get("title"))
             if title is not None:
@@ -439,12 +445,11 @@ class AcpTranslator(Translator):
             force_start or tool.input or status in ("in_progress", "completed", "failed")
         ):
             tool.started = True
-            out.append(
-                self.emit(
-                    ToolStart(tool_call_id=call_id, name=tool.name, input=tool.input),
-                    session_id=s.id,
-                )
+            self._say(
+                s, tool, ToolStart(tool_call_id=call_id, name=tool.name, input=tool.input), out
             )
+            if tool.raw_name in TASK_TOOLS:
+                self._say(s, tool, agent_start(call_id, tool.input, tool.parent), out)
         if status == "in_progress" and tool.running_since is None:
             tool.running_since = now
         if status in ("completed", "failed"):
@@ -455,11 +460,7 @@ class AcpTranslator(Translator):
             output = tool_output(update.get("content"), get(update, "rawOutput", "raw_output"))
             if output and output != tool.last_partial:
                 tool.last_partial = output
-                out.append(
-                    self.emit(
-                        ToolPartialResult(tool_call_id=call_id, output=output), session_id=s.id
-                    )
-                )
+                self._say(s, tool, ToolPartialResult(tool_call_id=call_id, output=output), out)
         return tool
 
     def _tool_done(
@@ -485,7 +486,29 @@ class AcpTranslator(Translator):
             error=output if status == "error" else None,
             duration_s=duration,
         )
-        out.append(self.emit(event, session_id=s.id))
+        self._say(s, tool, event, out)
+        if tool.raw_name not in TASK_TOOLS:
+            return
+        agent: Event = AgentComplete(agent_id=tool.call_id, status=status, result=output)
+        if status == "ok" and tool.background:  # launched only: the end of the turn ends it
+            s.agents[tool.call_id] = tool.parent
+            agent = AgentUpdate(agent_id=tool.call_id, status="running", message="background")
+        self._say(s, tool, agent, out)
+
+    def _say(self, s: SessionState, tool: Tool, event: Event, out: list[Emitted]) -> None:
+        """An event of ``tool``, under the ``Agent`` call whose sub-agent made it, if one did."""
+        out.append(self.emit(event, session_id=s.id, parent_tool_call_id=tool.parent))
+
+    def _end_calls(self, s: SessionState, cut: bool, out: list[Emitted], now: float) -> None:
+        """The turn ended: its tools still running are cancelled, and its sub-agents end."""
+        for tool in list(s.tools.values()):
+            if tool.started:
+                self._tool_done(s, tool, "cancelled", None, out, now)
+        s.tools.clear()
+        for call, parent in s.agents.items():
+            done = AgentComplete(agent_id=call, status="cancelled" if cut else "ok")
+            out.append(self.emit(done, session_id=s.id, parent_tool_call_id=parent))
+        s.agents.clear()
 
     # -- permissions ---------------------------------------------------------------
 
@@ -538,7 +561,8 @@ class AcpTranslator(Translator):
             category=category,
             options=options,
         )
-        out.append(self.emit(event, session_id=s.id))
+        parent = parent_of(call) if tool is None else tool.parent
+        out.append(self.emit(event, session_id=s.id, parent_tool_call_id=parent))
 
     def _resolved(
         self,
@@ -547,22 +571,11 @@ class AcpTranslator(Translator):
         error: Mapping[str, Any] | None,
         out: list[Emitted],
     ) -> None:
-        request_id = entry.request_id or ""
-        outcome = None if result is None else _map(result.get("outcome"))
-        chosen = None if outcome is None else outcome.get("outcome")
-        if chosen == "selected" and outcome is not None:
-            oid = string(get(outcome, "optionId", "option_id"))
-            denied = entry.options.get(oid or "", "").startswith("reject")
-            event = PermissionResolved(
-                request_id=request_id, outcome="denied" if denied else "allowed", option_id=oid
-            )
-        elif chosen == "cancelled" or error is not None:
-            reason = None if error is None else string(error.get("message"))
-            event = PermissionResolved(request_id=request_id, outcome="cancelled", reason=reason)
+        event = entry.resolution(result, error)
+        if event is None:
+            self.malformed("session/request_permission", "unknown outcome")
         else:
-            self.malformed("session/request_permission", f"unknown outcome {chosen!r}")
-            return
-        out.append(self.emit(event, session_id=entry.session))
+            out.append(self.emit(event, session_id=entry.session))
 
     # -- usage and context ---------------------------------------------------------
 
@@ -605,6 +618,9 @@ class AcpTranslator(Translator):
         cost = priced(s.models.totals()) if s.loaded else s.cost
         if cost is not None:
             total = msgspec.structs.replace(total, cost_usd=cost)
+        elif s.loaded and s.cost is not None and not s.cost_unknown:
+            s.cost_unknown = True  # said once: the agent's cost spans runs this stream never saw
+            out.append(self.emit(SessionWarning(message=LOADED_COST_UNKNOWN), session_id=s.id))
         usage = Usage(tokens=total, model=s.model, models=s.models.totals())
         out.append(self.emit(usage, session_id=s.id))
 
@@ -629,10 +645,7 @@ class AcpTranslator(Translator):
             return
         cut = finish in ("cancelled", "error")
         self._close_part(s, out, now, stopped=cut)
-        for tool in list(s.tools.values()):
-            if tool.started:
-                self._tool_done(s, tool, "cancelled", None, out, now)
-        s.tools.clear()
+        self._end_calls(s, cut, out, now)
         for pending in self._requests.from_agent.values():
             if pending.session == s.id and pending.request_id and not pending.resolved:
                 pending.resolved = True  # its late answer is consumed silently
@@ -671,6 +684,7 @@ class AcpTranslator(Translator):
         for s in self._sessions.values():
             in_turn = s.turn_id is not None
             self._close_part(s, out, now, stopped=in_turn)
+            self._end_calls(s, True, out, now)
             if not in_turn and not s.idle and s.started:
                 s.idle = True
                 out.append(self.emit(SessionIdle(), session_id=s.id))

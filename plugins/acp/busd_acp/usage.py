@@ -34,7 +34,15 @@ from typing import Any
 
 from busd import TokenUsage, add_usage, as_mapping, cost_usd, merge_cumulative
 
-__all__ = ["ModelBreakdown", "as_map", "priced", "turn_models", "turn_usage", "update_cost"]
+__all__ = [
+    "LOADED_COST_UNKNOWN",
+    "ModelBreakdown",
+    "as_map",
+    "priced",
+    "turn_models",
+    "turn_usage",
+    "update_cost",
+]
 
 MAX_MODELS = 64
 """Models kept per session in a breakdown; the rows of more are left out of it."""
@@ -179,6 +187,12 @@ def update_cost(update: Mapping[str, Any]) -> float | None:
     if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
         return None
     return float(amount)
+
+
+LOADED_COST_UNKNOWN = (
+    "This run's cost is unknown: after session/load the agent's cost also holds the"
+    " session's earlier runs, and it gives no counts per model to price this run alone"
+)
 
 
 def priced(models: Mapping[str, TokenUsage]) -> float | None:
