@@ -120,6 +120,9 @@ class ScriptDriver:
                 await trio.sleep_forever()
             elif prompt == "fail":
                 raise RuntimeError("the agent crashed")
+            elif prompt.startswith("cost:"):  # a call with its cost, as the agent priced it
+                feed(Usage(tokens=TokenUsage(input_tokens=10, output_tokens=42, cost_usd=0.5)))
+                return
             elif prompt.startswith("models:"):  # a session total and its breakdown, as given
                 tokens = {m: TokenUsage(output_tokens=int(n)) for m, n in _pairs(prompt[7:])}
                 total = TokenUsage(output_tokens=sum(t.output_tokens for t in tokens.values()))
@@ -571,3 +574,33 @@ async def test_a_continued_session_adds_up_its_runs(autojump_clock: trio.abc.Clo
     assert (snapshot.usage.input_tokens, snapshot.usage.output_tokens) == (30, 126)
     reported = [e.event.tokens.output_tokens for e in watcher.seen if isinstance(e.event, Usage)]
     assert reported == [42, 84, 126]  # stream.usage stays the session's running total
+
+
+async def test_a_run_that_reports_no_cost_has_an_unknown_cost_not_a_free_one(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Run 1 says $0.50; run 2 of the same session says nothing of cost.
+
+    The session's running total keeps run 1's cost, so run 2's share of it
+    would read $0.00: its summary says unknown (``None``) instead.
+    """
+    driver = ScriptDriver()
+    daemon = make_daemon(driver)
+    watcher = Watcher(daemon)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        first = daemon.runs.start(adapter="script", prompt="cost:", started_by="a")
+        session = first.request.session_id
+        priced = await watcher.finished(first.run_id)
+        second = daemon.runs.start(
+            adapter="script", prompt="ok", started_by="a", session_id=session
+        )
+        unpriced = await watcher.finished(second.run_id)
+        nursery.cancel_scope.cancel()
+    assert priced.usage.cost_usd == 0.5
+    assert unpriced.usage.cost_usd is None
+    assert (unpriced.usage.input_tokens, unpriced.usage.output_tokens) == (10, 42)
+    snapshot = daemon.sessions.snapshot(session)
+    assert snapshot is not None
+    assert snapshot.usage is not None
+    assert snapshot.usage.cost_usd == 0.5

@@ -110,6 +110,7 @@ class RunState:
     last_activity: float = 0.0
     usage_before: TokenUsage = field(default_factory=TokenUsage)
     models_before: dict[str, TokenUsage] = field(default_factory=dict)
+    cost_reported: bool = False  # a stream.usage of the run's main agent carried a cost
     tools: ToolTracker = field(default_factory=ToolTracker)
     sdk_session: str | None = None
     waiting_for_people: int = 0
@@ -399,8 +400,11 @@ class RunManager:
                 if type(event) is PermissionResolved and self.broker.is_resolved(request_id):
                     continue  # the broker already published who decided
                 event = msgspec.structs.replace(event, request_id=request_id)
-            elif type(event) is Usage and not (item.agent_id or state.translator.usage_spans_runs):
-                event = _continued(event, state)
+            elif type(event) is Usage and not item.agent_id:
+                if event.tokens.cost_usd is not None:
+                    state.cost_reported = True
+                if not state.translator.usage_spans_runs:
+                    event = _continued(event, state, cost_spans=state.translator.cost_spans_runs)
             envelope = self.daemon.publish_emitted(
                 msgspec.structs.replace(item, event=event, session_id=state.request.session_id),
                 source=source,
@@ -429,6 +433,8 @@ class RunManager:
         usage = _minus(
             (snapshot.usage if snapshot is not None else None) or TokenUsage(), state.usage_before
         )
+        if not state.cost_reported:  # the run said nothing of cost: unknown, not free
+            usage = msgspec.structs.replace(usage, cost_usd=None)
         cut = _cut_estimate(self.daemon.accountant, state)
         if cut:
             usage = msgspec.structs.replace(usage, output_tokens=usage.output_tokens + cut)
@@ -510,24 +516,26 @@ def _gained(usage: TokenUsage) -> bool:
     )
 
 
-def _continued(usage: Usage, state: RunState) -> Usage:
+def _continued(usage: Usage, state: RunState, *, cost_spans: bool = False) -> Usage:
     """The session's running total: what the session had before this run, plus the run's.
 
     Every run starts a new translator (and often a new SDK process), which
     counts from zero; ``stream.usage`` is the session's total, so a continued
-    session's second run must not read as less than its first.
+    session's second run must not read as less than its first. ``cost_spans``:
+    the reported cost is the session's already (:attr:`Translator.cost_spans_runs`).
     """
     if state.usage_before == TokenUsage() and not state.models_before:
         return usage
+    tokens = add_usage(state.usage_before, usage.tokens)
+    if cost_spans and usage.tokens.cost_usd is not None:
+        tokens = msgspec.structs.replace(tokens, cost_usd=usage.tokens.cost_usd)
     models = {
         model: add_usage(state.models_before.get(model, TokenUsage()), tokens)
         for model, tokens in usage.models.items()
     }
     for model, before in state.models_before.items():
         models.setdefault(model, before)
-    return msgspec.structs.replace(
-        usage, tokens=add_usage(state.usage_before, usage.tokens), models=models
-    )
+    return msgspec.structs.replace(usage, tokens=tokens, models=models)
 
 
 def _minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:

@@ -72,6 +72,12 @@ class Translator(ABC):
     resumed session (Claude Code restores them on ``--resume``). When not, the
     daemon adds what a continued session had before the run (docs/runs.md)."""
 
+    cost_spans_runs: bool = False
+    """Whether the cost this stream reports already includes the earlier runs
+    of a continued session while its token counts are its own (ACP agents
+    after ``session/load``). The daemon then takes that cost as the session's
+    and adds only the counts; a translator sets it when it learns so."""
+
     def __init__(self, *, session_id: str | None = None, adapter: str = "") -> None:
         self.session_id = session_id
         self.adapter = adapter or type(self).__name__

@@ -64,7 +64,6 @@ class SessionState:
         "agents",
         "context",
         "cost",
-        "cost_unknown",
         "cwd",
         "done_tools",
         "id",
@@ -89,7 +88,6 @@ class SessionState:
         self.models = ModelBreakdown()  # per model, from the prompt responses' model_usage
         self.cwd: str | None = None
         self.cost: float | None = None
-        self.cost_unknown = False  # said that a loaded session's cost cannot be told
         self.context: SessionContext | None = None  # the agent's last usage_update
         self.turn_id: str | None = None
         self.part: Part | None = None

@@ -55,10 +55,10 @@ Choices the protocol leaves open:
   ``usage``), with that cost attached. Those sum the turn's calls, so the
   last ``usage_update`` is said again after them: the agent's context wins.
   In a session continued with ``session/load`` (or ``resume``) that cost
-  also holds the runs before the load, which this stream never saw
-  (claude-agent-acp: Claude Code restores it), while the counts are this
-  stream's own: there the cost is busd's price of the counts, per model;
-  without counts per model (opencode acp) the run has no cost, and a warning.
+  also holds the runs before the load, which this stream never saw (both
+  agents restore it), while the counts are this stream's own: the
+  translator says so (``cost_spans_runs``), and the daemon takes the cost
+  as the session's and adds only the counts.
 - Permission request ids are ``f"acp-{id}"`` of the agent's JSON-RPC id. An
   answer is ``allowed`` or ``denied`` by the selected option's kind,
   ``cancelled`` for ACP's cancelled outcome or an error response; a request
@@ -88,7 +88,6 @@ from busd import (
     SessionInfo,
     SessionStart,
     SessionTitleChanged,
-    SessionWarning,
     TextComplete,
     TextDelta,
     ThinkingComplete,
@@ -128,8 +127,8 @@ from .reading import (
 )
 from .state import Part, Pending, Requests, SessionState, Tool
 from .subagents import TASK_TOOLS, agent_start, launched_in_background, parent_of
-from .usage import LOADED_COST_UNKNOWN, priced, turn_models, turn_usage, update_cost
 from .usage import as_map as _map
+from .usage import turn_models, turn_usage, update_cost
 
 __all__ = ["AcpTranslator"]
 
@@ -219,6 +218,7 @@ class AcpTranslator(Translator):
             entry.cwd = string(params.get("cwd"))
         elif method in ("session/load", "session/resume"):
             self._session(sid, out, cwd=string(params.get("cwd"))).loaded = True
+            self.cost_spans_runs = True  # the agent's cost now holds the earlier runs too
         elif method == "session/set_model":
             model = string(get(params, "modelId", "model_id"))
             if model is not None:
@@ -615,12 +615,8 @@ class AcpTranslator(Translator):
                 out.append(self.emit(s.context, session_id=s.id))
 
     def _report_usage(self, s: SessionState, total: TokenUsage, out: list[Emitted]) -> None:
-        cost = priced(s.models.totals()) if s.loaded else s.cost
-        if cost is not None:
-            total = msgspec.structs.replace(total, cost_usd=cost)
-        elif s.loaded and s.cost is not None and not s.cost_unknown:
-            s.cost_unknown = True  # said once: the agent's cost spans runs this stream never saw
-            out.append(self.emit(SessionWarning(message=LOADED_COST_UNKNOWN), session_id=s.id))
+        if s.cost is not None:
+            total = msgspec.structs.replace(total, cost_usd=s.cost)
         usage = Usage(tokens=total, model=s.model, models=s.models.totals())
         out.append(self.emit(usage, session_id=s.id))
 

@@ -32,13 +32,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from busd import TokenUsage, add_usage, as_mapping, cost_usd, merge_cumulative
+from busd import TokenUsage, add_usage, as_mapping, merge_cumulative
 
 __all__ = [
-    "LOADED_COST_UNKNOWN",
     "ModelBreakdown",
     "as_map",
-    "priced",
     "turn_models",
     "turn_usage",
     "update_cost",
@@ -187,17 +185,3 @@ def update_cost(update: Mapping[str, Any]) -> float | None:
     if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
         return None
     return float(amount)
-
-
-LOADED_COST_UNKNOWN = (
-    "This run's cost is unknown: after session/load the agent's cost also holds the"
-    " session's earlier runs, and it gives no counts per model to price this run alone"
-)
-
-
-def priced(models: Mapping[str, TokenUsage]) -> float | None:
-    """busd's price for the tokens of each model; ``None`` if any model is unknown."""
-    prices = [cost_usd(model, tokens) for model, tokens in models.items()]
-    if not prices or None in prices:
-        return None
-    return sum(p for p in prices if p is not None)

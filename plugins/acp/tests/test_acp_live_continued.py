@@ -8,9 +8,9 @@ call, a ``bash`` call, an answer, every call's usage distinct).
 
 What ``opencode acp`` 1.18.33 reports: its prompt response's ``usage`` is
 its last message's tokens; ``usage_update``'s cost is the session's, which
-after a load holds the earlier runs too, and nothing tells the two apart
-(no cost during the load, no counts per model): busd gives run 2 no cost of
-its own and warns.
+after a load holds the earlier runs too. The translator says so
+(``cost_spans_runs``) and the daemon takes that cost as the session's: run 2's
+share is the session's cost less run 1's, every call OpenCode priced.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import trio
-from busd_acp.usage import LOADED_COST_UNKNOWN
 
 from busd import TokenUsage, add_usage, cost_usd
 from busd.core.events import (
@@ -32,7 +31,6 @@ from busd.core.events import (
     SessionWarning,
     TextComplete,
     ToolStart,
-    Usage,
 )
 from busd.daemon.hub import Daemon, DaemonConfig
 from busd.plugins.manager import PluginManager
@@ -163,21 +161,15 @@ async def test_a_continued_opencode_acp_session_remembers_and_adds_up_its_runs(
     assert _counts(first.usage) == _counts(_tokens(standin.served[served_first - 1]))
     assert _counts(second.usage) == _counts(_tokens(standin.served[-1]))
     # Cost: run 1's is OpenCode's session cost, every call it counted. After the
-    # load, OpenCode's cost holds run 1's again and there are no counts per model
-    # to price this run alone: run 2 publishes no cost, and a warning says why.
+    # load, OpenCode's cost is the session's, run 1's included: the daemon takes it
+    # as the session's, so run 2's share is the calls OpenCode priced since.
     assert first.usage.cost_usd == pytest.approx(_price(standin.served[:served_first]), rel=1e-9)
-    usages = [e.event for e in d.seen if e.run_id == second_run.run_id and type(e.event) is Usage]
-    assert usages
-    assert [u.tokens.cost_usd for u in usages] == [None] * len(usages)
-    warnings = [
-        e.event.message
-        for e in d.seen
-        if e.run_id == second_run.run_id and isinstance(e.event, SessionWarning)
-    ]
-    assert warnings == [LOADED_COST_UNKNOWN]
+    assert second.usage.cost_usd == pytest.approx(_price(standin.served[served_first:]), rel=1e-9)
+    warnings = [e for e in d.seen if isinstance(e.event, SessionWarning)]
+    assert warnings == []
     # The session's tokens are the sum of its runs; its cost holds run 1's once.
     snapshot = d.daemon.sessions.snapshot(session_id)
     assert snapshot is not None
     assert snapshot.usage is not None
     assert _counts(snapshot.usage) == _counts(add_usage(first.usage, second.usage))
-    assert snapshot.usage.cost_usd == first.usage.cost_usd
+    assert snapshot.usage.cost_usd == pytest.approx(_price(standin.served), rel=1e-9)
