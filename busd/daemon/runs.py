@@ -526,16 +526,16 @@ def _continued(usage: Usage, state: RunState, *, cost_spans: bool = False) -> Us
     """
     if state.usage_before == TokenUsage() and not state.models_before:
         return usage
-    tokens = add_usage(state.usage_before, usage.tokens)
+    total = add_usage(state.usage_before, usage.tokens)
     if cost_spans and usage.tokens.cost_usd is not None:
-        tokens = msgspec.structs.replace(tokens, cost_usd=usage.tokens.cost_usd)
+        total = msgspec.structs.replace(total, cost_usd=usage.tokens.cost_usd)
     models = {
         model: add_usage(state.models_before.get(model, TokenUsage()), tokens)
         for model, tokens in usage.models.items()
     }
     for model, before in state.models_before.items():
         models.setdefault(model, before)
-    return msgspec.structs.replace(usage, tokens=tokens, models=models)
+    return msgspec.structs.replace(usage, tokens=total, models=models)
 
 
 def _minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:
