@@ -226,6 +226,15 @@ class Midway:
     serve: Program | None = None
     daemon_alive: bool = field(default=False)
 
+    def assert_stopped_cleanly(self, partial: str) -> None:
+        """Exit 130, none of the agent's processes left, the run cancelled as it should
+        be (:func:`cancelled_midway`), and no traceback shown."""
+        assert self.code == RUN_EXIT_CANCELLED, self.run.stderr
+        alive = {pid: cmd for pid, cmd in self.processes.items() if not gone(pid)}
+        assert alive == {}, self.run.stderr
+        cancelled_midway(self.envelopes, self.run_id, partial)
+        assert "Traceback" not in self.run.stderr
+
 
 async def _stalled(standin: Any) -> None:
     """The stand-in has sent every word of the answer and holds its request open."""
