@@ -19,6 +19,7 @@ from busd.core.events import (
     SessionStart,
     TextComplete,
     TextDelta,
+    ThinkingDelta,
     TokenUsage,
     ToolComplete,
     TurnEnd,
@@ -497,3 +498,29 @@ def test_a_window_the_provider_reported_is_not_replaced_by_the_model_table() -> 
     registry.observe(env(Usage(tokens=TokenUsage(input_tokens=10), model="claude-sonnet-4-5")))
     assert context.window == 128_000
     assert context.window_reported
+
+
+@given(
+    st.lists(st.text(alphabet="ab ", max_size=5), min_size=1, max_size=8),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_run_of_deltas_at_once_is_each_delta_in_turn(
+    texts: list[str], usage_first: bool, thinking: bool
+) -> None:
+    """The run's text is the partial answer of a cancelled call, as one by one; thinking is not."""
+    one, many = ContextRegistry(window=1_000), ContextRegistry(window=1_000)
+    make = ThinkingDelta if thinking else TextDelta
+    items = [(env(make(message_id="m1", text=t)), 0.0) for t in texts]
+    for registry in (one, many):
+        registry.window("s1").observe(env(TurnStart()))
+        if usage_first:  # the call's usage came before its text: that text is counted
+            registry.window("s1").observe(env(Usage(tokens=call(100, 5))))
+        registry.window("s1").observe(env(TextDelta(message_id="m1", text="x")))
+    for envelope, _ in items:
+        one.window("s1").observe(envelope)
+    many.observe_many(items)
+    assert many.window("s1")._pending == one.window("s1")._pending
+    for registry in (one, many):
+        registry.window("s1").observe(env(TurnEnd(finish_reason="cancelled")))
+    assert many.window("s1").snapshot() == one.window("s1").snapshot()

@@ -53,3 +53,22 @@ def test_ids_across_a_carry_into_the_cached_part_stay_exact_and_ordered() -> Non
         assert parsed.version == 7
         assert parsed.variant == uuid.RFC_4122
     assert sorted(made) == made
+
+
+def _low(event_id: str) -> int:
+    """The 74 bits after the time: a generator's random base plus its counter."""
+    value = uuid.UUID(event_id).int
+    return (((value >> 64) & 0xFFF) << 62) | (value & ((1 << 62) - 1))
+
+
+def test_many_ids_are_what_as_many_calls_give_also_across_carries() -> None:
+    one, bulk = EventIds(), EventIds()
+    base = (1 << 74) - 5  # carries into the cached part, then wraps the 74 bits
+    one._base = bulk._base = base
+    for n in (1, 3, 2, 7, 0, 1):
+        expected = [one() for _ in range(n)]
+        got = bulk.many(n)
+        assert [_low(i) for i in got] == [_low(i) for i in expected]
+        assert all(uuid.UUID(i).version == 7 for i in got)
+    assert [_low(i) for i in bulk.many(3)] == [10, 11, 12]  # past the wrap: base + 14 + k - 2**74
+    assert [_low(bulk())] == [13]

@@ -85,6 +85,8 @@ def test_a_frame_published_as_runs_is_what_publishing_each_event_gives(
             assert seen(by_frame) == seen(one_by_one)
             sessions = {s for frame in frames for _, s, _ in frame}
             assert state(by_frame, sessions) == state(one_by_one, sessions)
+            # The run asks the correlator once per place: its counts are still per event.
+            assert by_frame.correlator.statistics() == one_by_one.correlator.statistics()
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock())

@@ -3,7 +3,7 @@ from __future__ import annotations
 from itertools import count
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from busd.core.estimate import estimate_json_tokens, estimate_tokens
@@ -424,3 +424,33 @@ def test_registry_forgets_the_least_recently_fed_session_first() -> None:
 def test_a_tracker_rejects_a_useless_bound() -> None:
     with pytest.raises(ValueError, match="max_lanes"):
         StreamingStatsTracker(max_lanes=0)
+
+
+_PROSE = "abcdefghij klmno\npq rstuvwxyz " * 200
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=2100), min_size=1, max_size=12),
+    st.integers(min_value=0, max_value=4095),
+    st.sampled_from(["text", "think"]),
+)
+@example([1, 1, 44, 50, 5], 4000, "text")  # the fourth delta reaches the flush exactly
+@example([1, 1, 44, 49, 5], 4000, "think")  # the fourth falls one short of it
+def test_a_run_of_deltas_at_once_is_each_delta_in_turn(
+    lengths: list[int], already: int, kind: str
+) -> None:
+    """Flushes happen after the same deltas (a letter run cut at a flush counts differently)."""
+    delta = text if kind == "text" else think
+    one, many = StreamingStatsTracker(), StreamingStatsTracker()
+    for tracker in (one, many):
+        tracker.observe(delta("a" * already), now=0.0)  # pending text before the run
+    items = [(delta(_PROSE[i : i + n]), 1.0) for i, n in enumerate(lengths)]
+    for envelope, now in items:
+        one.observe(envelope, now)
+    many.observe_many(items)
+    lanes = [next(iter(t._lanes.values())) for t in (one, many)]
+    assert lanes[1].pending == lanes[0].pending  # before statistics(), which flushes
+    assert lanes[1].pending_chars == lanes[0].pending_chars
+    assert list(many._pending) == list(one._pending)
+    assert many.statistics() == one.statistics()
+    assert many.snapshot(2.0) == one.snapshot(2.0)

@@ -45,6 +45,7 @@ from .events import (
     SessionTruncation,
     TextComplete,
     TextDelta,
+    ThinkingDelta,
     TokenUsage,
     ToolComplete,
     ToolStart,
@@ -507,6 +508,18 @@ class ContextWindow:
             if event.tools is not None:
                 self.set_tools(max(0, event.tools))
 
+    def observe_texts(self, message_id: str, texts: list[str]) -> None:
+        """:meth:`observe` of a ``stream.text.delta`` of ``message_id`` for each of ``texts``."""
+        if self._turn_usage:
+            return
+        texts = list(filter(None, texts))
+        if texts:
+            pending = self._pending.get(message_id)
+            if pending is None:
+                self._pending[message_id] = texts
+            else:
+                pending += texts
+
     def _end_turn(self, *, cancelled: bool) -> None:
         if cancelled and not self._turn_usage:
             # The partial answer stays in the transcript: estimate it in one pass.
@@ -675,13 +688,18 @@ class ContextRegistry:
                 context.set_window(found.window, reserve=found.reserve)
 
     def observe_many(self, items: Sequence[tuple[Envelope[Event], float]]) -> None:
-        """:meth:`observe` each of ``items``: deltas of one conversation, in order."""
+        """:meth:`observe` each of ``items``: deltas of one type, message and conversation."""
         first = items[0][0]
         if first.session_id is None:
             return
         context = self.window(first.session_id, first.agent_id)
-        for envelope, _ in items:
-            context.observe(envelope)
+        event = first.event
+        if type(event) is TextDelta:
+            texts = [cast(TextDelta, envelope.event).text for envelope, _ in items]
+            context.observe_texts(event.message_id, texts)
+        elif type(event) is not ThinkingDelta:  # thinking is not input of the next call
+            for envelope, _ in items:
+                context.observe(envelope)
 
     def discard(self, session_id: str, agent_id: str | None = None) -> None:
         if agent_id is None:

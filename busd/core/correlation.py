@@ -317,6 +317,16 @@ class Correlator:
             self._stale_events += 1
         return route
 
+    def route_again(self, route: Route) -> Route:
+        """:meth:`route` of a delta from the place the last one came from, nothing routed between.
+
+        The answer cannot have changed (deltas teach nothing): only the count
+        of stale events moves. A publish frame's run of deltas asks once per place.
+        """
+        if route.stale:
+            self._stale_events += 1
+        return route
+
     def _learn(
         self,
         event: Event,

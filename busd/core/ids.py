@@ -12,7 +12,6 @@ and making one costs no system call.
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import time
 
@@ -34,27 +33,39 @@ class EventIds:
 
     def __init__(self) -> None:
         self._base = secrets.randbits(74)
-        self._count = itertools.count(1)
+        self._count = 0  # ids made so far
         self._ms = -1
         self._high = -1
         self._prefix = ""
 
     def __call__(self) -> str:
         ms = time.time_ns() // 1_000_000
-        low = (self._base + next(self._count)) & _LOW
+        self._count += 1
+        low = (self._base + self._count) & _LOW
         if ms > self._ms or low >> 48 != self._high:
             self._format_prefix(max(ms, self._ms), low)  # the time part never goes backwards
         return f"{self._prefix}{low & _LAST_GROUP:012x}"
 
     def many(self, n: int) -> list[str]:
-        """``n`` ids in a row, as ``n`` calls would give them, for one clock read."""
+        """``n`` ids in a row, as ``n`` calls would give them, for one clock read.
+
+        Ids up to the next carry into the cached part share its prefix, so
+        each is one format of the last group.
+        """
         ms = time.time_ns() // 1_000_000
-        out = []
-        for _ in range(n):
-            low = (self._base + next(self._count)) & _LOW
+        first = self._base + self._count + 1
+        self._count += n
+        out: list[str] = []
+        while n > 0:
+            low = first & _LOW
             if ms > self._ms or low >> 48 != self._high:
                 self._format_prefix(max(ms, self._ms), low)
-            out.append(f"{self._prefix}{low & _LAST_GROUP:012x}")
+            group = low & _LAST_GROUP
+            take = min(n, _LAST_GROUP - group + 1)  # up to the carry
+            prefix = self._prefix
+            out += [f"{prefix}{value:012x}" for value in range(group, group + take)]
+            first += take
+            n -= take
         return out
 
     def _format_prefix(self, ms: int, low: int) -> None:

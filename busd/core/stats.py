@@ -31,6 +31,7 @@ on their own (the usage ledger publishes session totals).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -345,11 +346,10 @@ class StreamingStatsTracker:
         if len(items) == 1:
             return
         key: LaneKey = (envelope.session_id, envelope.agent_id)
-        lane = self._lanes[key]
-        message_id = cast(TextDelta, envelope.event).message_id
-        streamed = self._streamed
-        for later, _ in itertools.islice(items, 1, None):
-            streamed(key, lane, message_id, cast(TextDelta, later.event).text)
+        texts = [cast(TextDelta, later.event).text for later, _ in itertools.islice(items, 1, None)]
+        self._streamed_many(
+            key, self._lanes[key], cast(TextDelta, envelope.event).message_id, texts
+        )
 
     def _new_lane(self, key: LaneKey) -> _Lane:
         if len(self._lanes) >= self._max_lanes:
@@ -382,6 +382,28 @@ class StreamingStatsTracker:
         lane.pending_chars += len(text)
         if lane.pending_chars >= _FLUSH_CHARS:
             self._flush(key, lane)
+
+    def _streamed_many(self, key: LaneKey, lane: _Lane, message_id: str, texts: list[str]) -> None:
+        """:meth:`_streamed` of each text in turn, flushing where it would: one call per chunk."""
+        texts = list(filter(None, texts))
+        if not texts:
+            return
+        self._streamed(key, lane, message_id, texts[0])  # marks the message streamed
+        ends = list(itertools.accumulate(map(len, texts), initial=0))
+        start, count = 1, len(texts)
+        while start < count:
+            if not lane.pending:
+                self._pending[key] = lane
+            # The first text after which the pending ones reach a flush, if any.
+            end = bisect.bisect_left(
+                ends, ends[start] + _FLUSH_CHARS - lane.pending_chars, start + 1
+            )
+            stop = min(end, count)
+            lane.pending += texts[start:stop]
+            lane.pending_chars += ends[stop] - ends[start]
+            if end <= count:
+                self._flush(key, lane)
+            start = stop
 
     def _flush(self, key: LaneKey, lane: _Lane) -> None:
         self._estimate(lane, estimate_tokens("".join(lane.pending)))

@@ -9,9 +9,10 @@ trust model.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Sequence, Set
+from operator import attrgetter
 
-from ..core.events import PermissionRequested, PermissionResolved
+from ..core.events import Event, PermissionRequested, PermissionResolved
 from ..wire import (
     FORBIDDEN,
     AskPermission,
@@ -19,6 +20,7 @@ from ..wire import (
     ErrorInfo,
     Frame,
     Ingest,
+    Outgoing,
     Publish,
     Reply,
     Request,
@@ -31,6 +33,8 @@ from .runs import RunManager
 __all__ = ["forbidden", "refusal"]
 
 _PERMISSION_EVENTS = (PermissionRequested, PermissionResolved)
+_event_of = attrgetter("event")
+_place_of = attrgetter("session_id", "run_id")
 
 
 def forbidden(frame: Frame, *, role: Role, rights: Set[Right], runs: RunManager) -> str | None:
@@ -41,16 +45,13 @@ def forbidden(frame: Frame, *, role: Role, rights: Set[Right], runs: RunManager)
     match frame:
         case Publish(events=events):
             # Only permission events are judged on more than where they go: a
-            # frame of a thousand deltas to one session asks once.
-            allowed: set[tuple[str | None, str | None]] = set()
-            for index, out in enumerate(events):
-                where = (out.session_id, out.run_id)
-                if where in allowed and not isinstance(out.event, _PERMISSION_EVENTS):
-                    continue
-                why = runs.authority(out.event, session_id=out.session_id, run_id=out.run_id)
-                if why is not None:
-                    return f"events[{index}]: {why}; none of the frame's events was published"
-                allowed.add(where)
+            # frame of a thousand deltas to one session asks once per place.
+            kinds = set(map(type, map(_event_of, events)))
+            if any(issubclass(kind, _PERMISSION_EVENTS) for kind in kinds) or any(
+                runs.authority(out.event, session_id=out.session_id, run_id=out.run_id)
+                for out in dict(zip(map(_place_of, events), events, strict=True)).values()
+            ):
+                return _publish_refusal(events, runs)
         case Ingest(session_id=str(session_id)):
             why = runs.authority(None, session_id=session_id, run_id=None)
             if why is not None:
@@ -62,6 +63,20 @@ def forbidden(frame: Frame, *, role: Role, rights: Set[Right], runs: RunManager)
             return runs.authority(
                 request if ask.request_id else None, session_id=ask.session_id, run_id=None
             )
+    return None
+
+
+def _publish_refusal(events: Sequence[Outgoing[Event]], runs: RunManager) -> str | None:
+    """The first event of a frame ``runs`` refuses, judged one by one (permission events each)."""
+    allowed: set[tuple[str | None, str | None]] = set()
+    for index, out in enumerate(events):
+        where = (out.session_id, out.run_id)
+        if where in allowed and not isinstance(out.event, _PERMISSION_EVENTS):
+            continue
+        why = runs.authority(out.event, session_id=out.session_id, run_id=out.run_id)
+        if why is not None:
+            return f"events[{index}]: {why}; none of the frame's events was published"
+        allowed.add(where)
     return None
 
 

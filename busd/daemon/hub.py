@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
 from typing import Any, cast
 
 import msgspec
@@ -35,7 +36,7 @@ from ..core.accounting import Accountant
 from ..core.bus import Bus, Routed
 from ..core.catalog import Catalog
 from ..core.coalesce import Keyer, chain_keyers, coalescing_key
-from ..core.correlation import Correlator
+from ..core.correlation import Correlator, Route
 from ..core.errors import BusdError
 from ..core.events import (
     BUILTIN_EVENTS,
@@ -74,6 +75,8 @@ __all__ = ["Daemon", "DaemonConfig", "Resume", "Subscription"]
 _BUILTIN = frozenset(BUILTIN_EVENTS)
 _RUNS: frozenset[type[Event]] = frozenset({TextDelta, ThinkingDelta})
 """What :meth:`Daemon.publish_frame` publishes as runs: the daemon never publishes on them."""
+_UNROUTED = Route()
+_EVENT_OF = attrgetter("event")
 
 logger = logging.getLogger("busd.daemon")
 
@@ -366,26 +369,34 @@ class Daemon:
         """
         run: list[Routed] = []
         run_cls: type[Event] | None = None
-        route = self.correlator.route
+        route, route_again = self.correlator.route, self.correlator.route_again
         publish_run = self.bus.publish_run
+        place: tuple[str | None, str | None, str | None] | None = None  # the last delta's
+        where = _UNROUTED
         for outgoing in events:
             event = outgoing.event
             cls = type(event)
             if cls is not run_cls and run:
                 publish_run(run, source=source)
-                run = []
+                run, place = [], None
             if cls in _RUNS:
                 run_cls = cls
-                where = route(
-                    event,
-                    session_id=outgoing.session_id,
-                    run_id=outgoing.run_id,
-                    agent_id=outgoing.agent_id,
-                    parent_tool_call_id=None,
-                )
-                run.append((event, outgoing.session_id, where.run_id, where.agent_id, where.stale))
+                session_id = outgoing.session_id
+                here = (session_id, outgoing.run_id, outgoing.agent_id)
+                if here == place:
+                    route_again(where)
+                else:
+                    place = here
+                    where = route(
+                        event,
+                        session_id=session_id,
+                        run_id=outgoing.run_id,
+                        agent_id=outgoing.agent_id,
+                        parent_tool_call_id=None,
+                    )
+                run.append((event, session_id, where.run_id, where.agent_id, where.stale))
                 continue
-            run_cls = None
+            run_cls, place = None, None
             self.publish(
                 event,
                 session_id=outgoing.session_id,
@@ -427,6 +438,9 @@ class Daemon:
         whole or not at all. The answer depends on an event's type only, so
         each type is asked once.
         """
+        one_of_each = dict(zip(map(type, map(_EVENT_OF, events)), events, strict=True)).values()
+        if not any(map(self.client_refusal, one_of_each)):
+            return None
         allowed: set[type[Event]] = set()
         for index, outgoing in enumerate(events):
             cls = type(outgoing.event)
