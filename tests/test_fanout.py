@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from busd.client import connect
+from busd.core.coalesce import Accumulator
 from busd.core.cohorts import Cohort, Log, SharedBatch
 from busd.core.events import (
     Envelope,
@@ -26,6 +27,7 @@ from busd.core.events import (
     TokenUsage,
     TurnStart,
     Usage,
+    event_type,
 )
 from busd.daemon.batching import BatchDispatcher
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
@@ -137,6 +139,45 @@ def test_raw_deltas_and_lifecycle_events_skip_the_accumulator_keyed_ones_do_not(
     assert batch is not None
     assert [e.seq for e in batch.envelopes] == [4]  # the later snapshot won
     assert batch.first_seq == 3
+
+
+_KINDS: dict[str, Event] = {
+    "delta": TextDelta(message_id="m", text="x"),
+    "usage": Usage(tokens=TokenUsage(output_tokens=1)),
+    "info": SessionInfo(message="i"),
+    "turn": TurnStart(),
+}
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(sorted(_KINDS)), st.sampled_from(["s1", "s2"]))),
+    st.sampled_from([(">",), ("stream.text.",), ("stream.session.", "stream.turn."), ("none",)]),
+    st.sampled_from([None, {"s1"}]),
+    st.booleans(),
+)
+def test_a_take_wants_what_judging_each_event_wants(
+    events: list[tuple[str, str]], patterns: tuple[str, ...], sessions: set[str] | None, merge: bool
+) -> None:
+    """Types are judged once per take and whole slices taken at once: the same batch."""
+    c = cohort(patterns, sessions=sessions, merge=merge)
+    log, sent = logged(*((_KINDS[kind], session) for kind, session in events))
+    wanted = [
+        e
+        for e in sent
+        if c._matches(event_type(e.event)) and (sessions is None or e.session_id in sessions)
+    ]
+    assert c.first_pending(log) == (wanted[0].seq if wanted else None)
+    batch = c.take(log, encode_envelope)
+    if not wanted:
+        assert batch is None
+        return
+    assert batch is not None
+    acc = Accumulator(merge_deltas=merge)
+    for e in wanted:
+        acc.add(e)
+    assert batch.envelopes == acc.drain()
+    assert batch.raws == [encode_envelope(e) for e in batch.envelopes]
+    assert batch.first_seq == wanted[0].seq
 
 
 def test_first_pending_is_the_oldest_wanted_event_not_taken_yet() -> None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Final, Generic, TypeVar
+from operator import attrgetter
+from typing import Final, Generic, TypeVar, cast
 
 import msgspec
 
@@ -33,12 +34,13 @@ from .coalesce import (
     Keyer,
     coalescing_key,
 )
-from .events import Envelope, Event, event_type
+from .events import Envelope, Event
 
 __all__ = ["Cohort", "Log", "SharedBatch"]
 
 M = TypeVar("M")
 
+_EVENT_OF = attrgetter("event")
 _UNBOUNDED: Final = sys.maxsize  # a cohort's own buffer never refuses: its members' may
 
 
@@ -179,18 +181,21 @@ class Cohort(Generic[M]):
         )
 
     def _wanted(self, envelopes: list[Envelope[Event]]) -> list[int]:
-        """Indexes of the envelopes the members want."""
+        """Indexes of the envelopes the members want.
+
+        Types are judged once each: a slice of one subscribed type, and no
+        per-envelope filter, is wanted whole without a look at each.
+        """
+        kinds: list[type[Event]] = list(map(type, map(_EVENT_OF, envelopes)))
         types = self._types
+        for cls in set(kinds).difference(types):
+            types[cls] = self._matches(cast(str, cls.__struct_config__.tag))
         admits = self._admits
-        wanted = []
-        for i, envelope in enumerate(envelopes):
-            cls = type(envelope.event)
-            matched = types.get(cls)
-            if matched is None:
-                matched = types[cls] = self._matches(event_type(envelope.event))
-            if matched and (admits is None or admits(envelope)):
-                wanted.append(i)
-        return wanted
+        if admits is None:
+            if all(map(types.__getitem__, set(kinds))):
+                return list(range(len(envelopes)))
+            return [i for i, cls in enumerate(kinds) if types[cls]]
+        return [i for i, cls in enumerate(kinds) if types[cls] and admits(envelopes[i])]
 
     def take(
         self, log: Log, encode: Callable[[Envelope[Event]], msgspec.Raw]
@@ -207,6 +212,8 @@ class Cohort(Generic[M]):
             return None
         first = envelopes[wanted[0]].seq
         if not self._may_coalesce(envelopes, wanted):
+            if len(wanted) == len(envelopes):  # the slices are fresh lists: the batch takes them
+                return SharedBatch(envelopes, raws, first, sum(map(len, raws)))
             kept = [raws[i] for i in wanted]  # nothing to thin: the survivors are the wanted
             return SharedBatch([envelopes[i] for i in wanted], kept, first, sum(map(len, kept)))
         acc = self._acc
@@ -231,6 +238,8 @@ class Cohort(Generic[M]):
         one the built-in rules do not know (a plugin keyer may key it) could.
         """
         inert = self._inert
+        if len(wanted) == len(envelopes):
+            return not inert.issuperset(map(type, map(_EVENT_OF, envelopes)))
         return any(type(envelopes[i].event) not in inert for i in wanted)
 
     def first_pending(self, log: Log) -> int | None:

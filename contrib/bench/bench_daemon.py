@@ -49,6 +49,7 @@ from svgplot import Series, line_chart
 from busd.core.catalog import Catalog
 from busd.core.cohorts import SharedBatch
 from busd.core.events import Envelope, Event, TextDelta
+from busd.daemon.authority import forbidden
 from busd.daemon.batching import BatchDispatcher
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
 from busd.daemon.outbox import Out
@@ -120,6 +121,7 @@ async def busd_run(
     decoder = client_frame_decoder(daemon.catalog)
     encoder = Encoder(max_frame=config.max_frame)
     run = Run()
+    rights = config.grants["agent"]
     queued: list[Out] = []  # what the outboxes would write: dropped after each frame
 
     async with trio.open_nursery() as nursery:
@@ -172,10 +174,12 @@ async def busd_run(
         unyielded = 0
         started = time.process_time()
         for frame in publishes(frames, decoder):
-            # As Connection._publish: every event checked, then published in chunks
-            # (deltas as runs), the reader yielding every YIELD_EVERY events.
+            # As Connection: the frame checked (the role's rights and the daemon's hold
+            # on its runs, then the event types), then published in chunks (deltas as
+            # runs), the reader yielding every YIELD_EVERY events.
+            assert forbidden(frame, role="agent", rights=rights, runs=daemon.runs) is None
             events = frame.events
-            assert not any(daemon.client_refusal(outgoing) for outgoing in events)
+            assert daemon.frame_refusal(events) is None
             start = 0
             while start < len(events):
                 chunk = events[start : start + YIELD_EVERY - unyielded]
