@@ -233,3 +233,24 @@ def test_the_start_envelope_scopes_a_timeout() -> None:
 def test_limits_must_be_positive(default: float | None, limits: dict[str, float | None]) -> None:
     with pytest.raises(ValueError, match="must be positive"):
         ToolTracker(default, limits)
+
+
+def test_the_event_types_a_run_of_which_runs_pass_over_change_nothing() -> None:
+    """RunManager skips runs of these types whole (``_NOTHING_FOR_TOOLS``): they must not count."""
+    from busd.core.events import TextDelta, ThinkingDelta
+    from busd.daemon.runs import _NOTHING_FOR_TOOLS
+
+    assert {TextDelta, ThinkingDelta} <= _NOTHING_FOR_TOOLS
+    samples = {
+        TextDelta: TextDelta(message_id="m", text="x"),
+        ThinkingDelta: ThinkingDelta(message_id="t", text="y"),
+    }
+    fed, plain = ToolTracker(), ToolTracker()
+    for tracker in (fed, plain):
+        tracker.observe(start("c1"), 1.0)
+    for cls in _NOTHING_FOR_TOOLS:
+        fed.observe(env(samples[cls]), 2.0)
+    for tracker in (fed, plain):
+        tracker.observe(done("c1"), 3.0)
+    assert fed.metrics() == plain.metrics()
+    assert fed.statistics() == plain.statistics()

@@ -22,6 +22,8 @@ handler plus a loop that sleeps until the next tick or tool deadline.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, cast
@@ -66,6 +68,8 @@ _QUIET = (SessionIdle, RunFinished)
 _TOOL_INPUT = frozenset({ToolStart, ToolComplete, RunFinished, SessionIdle})
 
 _MAX_DEFERRED: Final = 1024  # deltas held before they are accounted in one go
+_STALE = operator.attrgetter("stale")
+_PLACE = operator.attrgetter("session_id", "run_id")
 
 # Per event class: is it the accountant's own kind of output (``busd.*`` but
 # not ``busd.run.*``)? Asked for every event, so answered once per class.
@@ -203,21 +207,18 @@ class Accountant:
         without a call each; anything else goes through :meth:`observe`.
         """
         cls = type(envelopes[0].event)
-        if (cls is not TextDelta and cls is not ThinkingDelta) or any(e.stale for e in envelopes):
+        if (cls is not TextDelta and cls is not ThinkingDelta) or any(map(_STALE, envelopes)):
             out: list[Derived] = []
             for envelope in envelopes:
                 out += self.observe(envelope, now)
             return out
         deferred = self._deferred
-        deferred.extend([(envelope, now) for envelope in envelopes])
+        deferred.extend(zip(envelopes, itertools.repeat(now)))
         if len(deferred) >= _MAX_DEFERRED:
             self._account_deltas()
-        last: tuple[str | None, str | None] = (None, None)
-        for envelope in envelopes:
-            key = (envelope.session_id, envelope.run_id)
-            if key != last and key[0] is not None:
-                self._busy_at(key[0], key[1], now)
-            last = key
+        for session_id, run_id in dict.fromkeys(map(_PLACE, envelopes)):  # each place once
+            if session_id is not None:
+                self._busy_at(session_id, run_id, now)
         return []
 
     def _busy_at(self, session_id: str, run_id: str | None, now: float) -> None:

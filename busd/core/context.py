@@ -24,6 +24,7 @@ has the full rules.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ __all__ = [
     "ContextStatistics",
     "ContextWindow",
 ]
+
+_ENVELOPE_OF = operator.itemgetter(0)  # of an (envelope, time) pair
+_TEXT_OF = operator.attrgetter("event.text")  # of a text delta's envelope
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,7 +699,7 @@ class ContextRegistry:
         context = self.window(first.session_id, first.agent_id)
         event = first.event
         if type(event) is TextDelta:
-            texts = [cast(TextDelta, envelope.event).text for envelope, _ in items]
+            texts: list[str] = list(map(_TEXT_OF, map(_ENVELOPE_OF, items)))
             context.observe_texts(event.message_id, texts)
         elif type(event) is not ThinkingDelta:  # thinking is not input of the next call
             for envelope, _ in items:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
@@ -115,6 +116,8 @@ _WORK: Final[frozenset[type[Event]]] = frozenset(
 
 _MAX_STREAMED: Final = 256  # open messages remembered per lane
 _FLUSH_CHARS: Final = 4096  # estimate pending delta text at least this often
+_ENVELOPE_OF = operator.itemgetter(0)  # of an (envelope, time) pair
+_TEXT_OF = operator.attrgetter("event.text")  # of a delta's envelope
 
 
 class _Lane:
@@ -346,7 +349,7 @@ class StreamingStatsTracker:
         if len(items) == 1:
             return
         key: LaneKey = (envelope.session_id, envelope.agent_id)
-        texts = [cast(TextDelta, later.event).text for later, _ in itertools.islice(items, 1, None)]
+        texts: list[str] = list(map(_TEXT_OF, map(_ENVELOPE_OF, itertools.islice(items, 1, None))))
         self._streamed_many(
             key, self._lanes[key], cast(TextDelta, envelope.event).message_id, texts
         )

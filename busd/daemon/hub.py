@@ -54,7 +54,16 @@ from ..core.permissions import PermissionRule
 from ..core.sessions import SessionRegistry
 from ..plugins.adapters import Adapter, Emitted
 from ..plugins.manager import HookFailure, PluginManager, supervise
-from ..wire import DEFAULT_GRANTS, DEFAULT_MAX_FRAME, Limits, Outgoing, Right, Role, encode_envelope
+from ..wire import (
+    DEFAULT_GRANTS,
+    DEFAULT_MAX_FRAME,
+    Limits,
+    Outgoing,
+    Right,
+    Role,
+    encode_envelope,
+    encode_envelopes,
+)
 from .accounting import AccountingService
 from .broker import DEFAULT_PERMISSION_TIMEOUT, PermissionBroker
 from .fanout import Fanout, Member
@@ -468,7 +477,7 @@ class Daemon:
 
     def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
         """:meth:`_on_event` for a run (of one type: deltas), in one call."""
-        raws = [encode_envelope(envelope) for envelope in envelopes]
+        raws = encode_envelopes(envelopes)
         self.history.extend(envelopes, raws)
         journal = self.journal
         if journal is not None:

@@ -40,6 +40,8 @@ from ..core.events import (
     RunFinished,
     RunStarted,
     SessionError,
+    TextDelta,
+    ThinkingDelta,
     TokenUsage,
     Usage,
 )
@@ -80,6 +82,8 @@ def scoped_request_id(run_id: str, request_id: str) -> str:
 
 
 logger = logging.getLogger("busd.runs")
+_NOTHING_FOR_TOOLS: frozenset[type[Event]] = frozenset({TextDelta, ThinkingDelta})
+"""Event types :meth:`ToolTracker.observe` ignores: a run of them is passed over whole."""
 
 Status = Literal["running", "ok", "error", "cancelled", "timed_out"]
 
@@ -192,7 +196,7 @@ class RunManager:
         self._sdk_sessions: dict[str, str] = {}
         self._driven: set[str] = set()  # every session a run of ours has had
         self._started: dict[str, set[str]] = {}  # who started them: identity -> run ids
-        daemon.bus.on_all(self._observe)
+        daemon.bus.on_all(self._observe, many=self._observe_many)
 
     # -- commands -------------------------------------------------------------------
 
@@ -464,6 +468,12 @@ class RunManager:
         if self._active_by_session.get(session) == state.run_id:
             del self._active_by_session[session]
         state.done.set()
+
+    def _observe_many(self, envelopes: list[Envelope[Event]]) -> None:
+        """:meth:`_observe` of each of a run of one type: deltas tell a run's tools nothing."""
+        if type(envelopes[0].event) not in _NOTHING_FOR_TOOLS:
+            for envelope in envelopes:
+                self._observe(envelope)
 
     def _observe(self, envelope: Envelope[Event]) -> None:
         run_id = envelope.run_id
