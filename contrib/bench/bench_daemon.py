@@ -122,6 +122,7 @@ async def busd_run(
     encoder = Encoder(max_frame=config.max_frame)
     run = Run()
     rights = config.grants["agent"]
+    frame_cap = config.max_frame - 64  # an events frame's bytes besides its envelopes
     queued: list[Out] = []  # what the outboxes would write: dropped after each frame
 
     async with trio.open_nursery() as nursery:
@@ -130,14 +131,25 @@ async def busd_run(
         for sub_id in range(1, subscribers + 1):
 
             async def send(batch: list[Envelope[Event]], sub_id: int = sub_id) -> None:
-                # A subscription that is behind: its own frame, as the connection's send.
-                encoder.encode(Events(sub=sub_id, events=daemon.raws(batch)))
+                # A subscription that is behind: its own frames, as the connection's send
+                # (split under the frame cap).
+                raws, start, size = daemon.raws(batch), 0, 0
+                for end, raw in enumerate(raws):
+                    if size + len(raw) > frame_cap and end > start:
+                        encoder.encode(Events(sub=sub_id, events=raws[start:end]))
+                        run.own += 1
+                        start, size = end, 0
+                    size += len(raw)
+                encoder.encode(Events(sub=sub_id, events=raws[start:]))
                 run.delivered += len(batch)
                 run.own += 1
                 await trio.lowlevel.checkpoint()
 
             def send_shared(batch: SharedBatch, sub_id: int = sub_id) -> bool:
-                # As Connection._send_shared: the array packed once, a head per subscription id.
+                # As Connection._send_shared: the array packed once, a head per subscription
+                # id; a batch over the frame cap goes as the subscription's own frames.
+                if batch.size > frame_cap:
+                    return False
                 if batch.body is None:
                     batch.body = pack_events(batch.raws)
                 head = batch.heads.get(sub_id)
