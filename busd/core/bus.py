@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from .catalog import Catalog
 from .errors import UnknownEventType
@@ -280,6 +281,66 @@ class Bus:
             seq += 1
             append(Envelope(seq, ts, event, session_id, run_id, agent_id, source, stale, event_id))
         self._seq = seq
+        self._dispatch_run(envelopes, route)
+        return envelopes
+
+    def publish_stretch(
+        self,
+        events: list[Event],
+        *,
+        session_id: str | None,
+        run_id: str | None,
+        agent_id: str | None,
+        stale: bool,
+        source: str = "",
+    ) -> list[Envelope[Event]]:
+        """:meth:`publish_run` of events of one type from one place, without a step per event.
+
+        A publish frame's deltas are mostly this: one message streaming into
+        one session. The envelopes are made by ``map`` over the constructor.
+        """
+        if not events:
+            return []
+        if self._dispatching:
+            return [
+                self.publish(
+                    e,
+                    session_id=session_id,
+                    run_id=run_id,
+                    agent_id=agent_id,
+                    source=source,
+                    stale=stale,
+                )
+                for e in events
+            ]
+        cls = type(events[0])
+        if len(set(map(type, events))) != 1:
+            raise ValueError(f"a stretch is of one type: {cls.__qualname__} and others")
+        route = self._routes.get(cls)
+        if route is None:
+            route = self._route(cls, self.catalog.check(events[0]))
+        count = len(events)
+        seq = self._seq
+        envelopes: list[Envelope[Event]] = list(
+            map(
+                Envelope,
+                range(seq + 1, seq + count + 1),
+                repeat(self._clock(), count),
+                events,
+                repeat(session_id, count),
+                repeat(run_id, count),
+                repeat(agent_id, count),
+                repeat(source, count),
+                repeat(stale, count),
+                self._new_ids(count),
+            )
+        )
+        self._seq = seq + count
+        self._dispatch_run(envelopes, route)
+        return envelopes
+
+    def _dispatch_run(self, envelopes: list[Envelope[Event]], route: tuple[_Entry, ...]) -> None:
+        """Each handler of ``route`` once for the run (``many``) or once per envelope."""
         self._published += len(envelopes)
         self._dispatching = True
         try:
@@ -303,7 +364,6 @@ class Bus:
                 self._drain()
         finally:
             self._dispatching = False
-        return envelopes
 
     def _drain(self) -> None:
         """Dispatch what handlers published meanwhile, in ``seq`` order."""

@@ -317,14 +317,14 @@ class Correlator:
             self._stale_events += 1
         return route
 
-    def route_again(self, route: Route) -> Route:
-        """:meth:`route` of a delta from the place the last one came from, nothing routed between.
+    def route_again(self, route: Route, times: int = 1) -> Route:
+        """:meth:`route` ``times`` more for deltas from the place just routed, nothing between.
 
         The answer cannot have changed (deltas teach nothing): only the count
-        of stale events moves. A publish frame's run of deltas asks once per place.
+        of stale events moves. A publish frame's deltas ask once per place.
         """
         if route.stale:
-            self._stale_events += 1
+            self._stale_events += times
         return route
 
     def _learn(

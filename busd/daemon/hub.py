@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import groupby
 from operator import attrgetter
 from typing import Any, cast
 
@@ -33,10 +34,10 @@ import trio
 
 from .._version import __version__
 from ..core.accounting import Accountant
-from ..core.bus import Bus, Routed
+from ..core.bus import Bus
 from ..core.catalog import Catalog
 from ..core.coalesce import Keyer, chain_keyers, coalescing_key
-from ..core.correlation import Correlator, Route
+from ..core.correlation import Correlator
 from ..core.errors import BusdError
 from ..core.events import (
     BUILTIN_EVENTS,
@@ -84,8 +85,8 @@ __all__ = ["Daemon", "DaemonConfig", "Resume", "Subscription"]
 _BUILTIN = frozenset(BUILTIN_EVENTS)
 _RUNS: frozenset[type[Event]] = frozenset({TextDelta, ThinkingDelta})
 """What :meth:`Daemon.publish_frame` publishes as runs: the daemon never publishes on them."""
-_UNROUTED = Route()
 _EVENT_OF = attrgetter("event")
+_PLACE_OF = attrgetter("session_id", "run_id", "agent_id")
 
 logger = logging.getLogger("busd.daemon")
 
@@ -370,51 +371,48 @@ class Daemon:
         )
 
     def publish_frame(self, events: Sequence[Outgoing[Event]], *, source: str) -> None:
-        """A client's events, already checked (:meth:`frame_refusal`): deltas as runs.
+        """A client's events, already checked (:meth:`frame_refusal`): deltas in stretches.
 
-        Consecutive deltas of one type go through :meth:`Bus.publish_run`,
-        one sequencing and one call per handler for all of them (no handler
-        of the daemon's publishes on a delta); everything else one by one.
+        Consecutive deltas of one type from one place go through
+        :meth:`Bus.publish_stretch`: one route, one sequencing and one call
+        per handler for all of them (no handler of the daemon's publishes on a
+        delta); everything else one by one.
         """
-        run: list[Routed] = []
-        run_cls: type[Event] | None = None
-        route, route_again = self.correlator.route, self.correlator.route_again
-        publish_run = self.bus.publish_run
-        place: tuple[str | None, str | None, str | None] | None = None  # the last delta's
-        where = _UNROUTED
-        for outgoing in events:
-            event = outgoing.event
-            cls = type(event)
-            if cls is not run_cls and run:
-                publish_run(run, source=source)
-                run, place = [], None
-            if cls in _RUNS:
-                run_cls = cls
-                session_id = outgoing.session_id
-                here = (session_id, outgoing.run_id, outgoing.agent_id)
-                if here == place:
-                    route_again(where)
-                else:
-                    place = here
-                    where = route(
-                        event,
-                        session_id=session_id,
+        correlator, publish_stretch = self.correlator, self.bus.publish_stretch
+        start = 0
+        for cls, same in groupby(map(type, map(_EVENT_OF, events))):
+            stretch = events[start : start + len(list(same))]
+            start += len(stretch)
+            if cls not in _RUNS:
+                for outgoing in stretch:
+                    self.publish(
+                        outgoing.event,
+                        session_id=outgoing.session_id,
                         run_id=outgoing.run_id,
                         agent_id=outgoing.agent_id,
-                        parent_tool_call_id=None,
+                        source=source,
                     )
-                run.append((event, session_id, where.run_id, where.agent_id, where.stale))
                 continue
-            run_cls, place = None, None
-            self.publish(
-                event,
-                session_id=outgoing.session_id,
-                run_id=outgoing.run_id,
-                agent_id=outgoing.agent_id,
-                source=source,
-            )
-        if run:
-            publish_run(run, source=source)
+            at = 0
+            for (session_id, run_id, agent_id), here in groupby(map(_PLACE_OF, stretch)):
+                count = len(list(here))
+                where = correlator.route(
+                    stretch[at].event,
+                    session_id=session_id,
+                    run_id=run_id,
+                    agent_id=agent_id,
+                    parent_tool_call_id=None,
+                )
+                correlator.route_again(where, count - 1)
+                publish_stretch(
+                    list(map(_EVENT_OF, stretch[at : at + count])),
+                    session_id=session_id,
+                    run_id=where.run_id,
+                    agent_id=where.agent_id,
+                    stale=where.stale,
+                    source=source,
+                )
+                at += count
 
     def publish_emitted(
         self, emitted: Emitted, *, source: str, run_id: str | None = None
