@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import trio
 import trio.testing
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from busd.core.accounting import Accountant
@@ -184,6 +184,13 @@ _STEPS = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(_STEPS)
+@example(  # two messages' deltas back to back are two runs: the second's end is not new text
+    [
+        (TextDelta(message_id="m1", text="ab"), "s1", None, None, 0.1, 1, False),
+        (TextDelta(message_id="m2", text="ab 1"), "s1", None, None, 0.1, 1, False),
+        (TextComplete(message_id="m2", text="ab 1"), "s1", None, None, 0.1, 1, True),
+    ]
+)
 def test_deferred_deltas_give_the_figures_of_one_by_one_feeding(
     steps: list[tuple[Event, str | None, str | None, str | None, float, int, bool]],
 ) -> None:

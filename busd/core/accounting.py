@@ -26,7 +26,7 @@ import itertools
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final
 
 from .context import ContextRegistry
 from .events import (
@@ -69,6 +69,11 @@ _TOOL_INPUT = frozenset({ToolStart, ToolComplete, RunFinished, SessionIdle})
 
 _MAX_DEFERRED: Final = 1024  # deltas held before they are accounted in one go
 _STALE = operator.attrgetter("stale")
+_ENVELOPE_OF = operator.itemgetter(0)  # of an (envelope, time) pair
+# What a run of deferred deltas shares: type, message, session, agent and run.
+_RUN_KEY = operator.attrgetter(
+    "event.__class__", "event.message_id", "session_id", "agent_id", "run_id"
+)
 _PLACE = operator.attrgetter("session_id", "run_id")
 
 # Per event class: is it the accountant's own kind of output (``busd.*`` but
@@ -268,28 +273,13 @@ class Accountant:
         """
         deferred, self._deferred = self._deferred, []
         stats, context = self._stats, self._context
-        start, end, count = 0, 1, len(deferred)
-        while start < count:
-            first = deferred[start][0]
-            event = cast(TextDelta, first.event)
-            cls, message_id = type(event), event.message_id
-            session_id, agent_id, run_id = first.session_id, first.agent_id, first.run_id
-            while end < count:
-                envelope = deferred[end][0]
-                other = envelope.event
-                if (
-                    type(other) is not cls
-                    or other.message_id != message_id
-                    or envelope.session_id != session_id
-                    or envelope.agent_id != agent_id
-                    or envelope.run_id != run_id
-                ):
-                    break
-                end += 1
-            run = deferred[start:end] if start or end < count else deferred
+        start = 0
+        for _, same in itertools.groupby(map(_RUN_KEY, map(_ENVELOPE_OF, deferred))):
+            end = start + len(list(same))
+            run = deferred[start:end] if start or end < len(deferred) else deferred
             stats.observe_many(run)
             context.observe_many(run)
-            start, end = end, end + 1
+            start = end
 
     def tick(self, now: float) -> list[Derived]:
         """What is due at ``now``: stats of busy sessions, tool timeouts."""

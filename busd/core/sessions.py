@@ -37,6 +37,8 @@ calls and sub-agents per session, the oldest forgotten first.
 from __future__ import annotations
 
 import builtins
+import itertools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
@@ -430,6 +432,8 @@ _PASSIVE_STREAM_TAGS: Final = frozenset(
 )
 """``stream.*`` events that can trail the end of a turn, or set the status themselves."""
 
+# Envelopes of a run that agree on these change a session's record only at the ends.
+_STRETCH_OF = operator.attrgetter("session_id", "agent_id", "run_id", "source", "stale")
 _UPDATES: Final[dict[type[Event], _Update]] = {
     SessionStart: _on_start,
     SessionTitleChanged: _on_title,
@@ -554,17 +558,10 @@ class SessionRegistry:
             for envelope in envelopes:
                 observe(envelope)
             return
-        count = len(envelopes)
         i = 0
-        while i < count:
+        for _, same in itertools.groupby(map(_STRETCH_OF, envelopes)):
+            j = i + len(list(same))
             first = envelopes[i]
-            place = (first.session_id, first.agent_id, first.run_id, first.source, first.stale)
-            j = i + 1
-            while j < count:
-                e = envelopes[j]
-                if (e.session_id, e.agent_id, e.run_id, e.source, e.stale) != place:
-                    break
-                j += 1
             observe(first)
             if j - i > 1:
                 observe(envelopes[j - 1])
