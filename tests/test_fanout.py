@@ -279,6 +279,36 @@ async def test_identical_subscriptions_share_one_cohort_and_its_work() -> None:
         assert daemon.fanout.statistics().cohorts == 4
 
 
+async def test_a_member_joining_as_the_last_one_of_its_cohort_goes_keeps_getting_events(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Joining gives the others what predates it; if they all go meanwhile, it needs a cohort.
+
+    Found by the churn test: the joiner was left in the dropped cohort, which no
+    pass took from any more, and the log trimmed past its cursor (its resume point
+    then raised, failing its connection).
+    """
+    async with daemon_running() as (daemon, nursery):
+        leaving, _ = await member(daemon, nursery, patterns=INFO, window=5.0)
+        daemon.publish(SessionInfo(message="first"), session_id="s1")
+        daemon.settle()  # goes at once: the window starts
+        daemon.publish(SessionInfo(message="held"), session_id="s1")
+        daemon.settle()  # held for the window
+        leaving.dispatcher.close_nowait()  # its connection is going away: offering it fails
+        joiner, got = await member(daemon, nursery, patterns=INFO, window=5.0, sub_id=2)
+        assert leaving.cohort is None
+        assert joiner.cohort is not None
+        assert daemon.fanout.statistics().cohorts == 1
+        after = [daemon.publish(SessionInfo(message=str(i)), session_id="s1") for i in range(3)]
+        daemon.settle()
+        assert got.events == after  # at once: its window starts
+        later = daemon.publish(SessionInfo(message="later"), session_id="s1")
+        daemon.settle()
+        assert daemon.fanout.pending_seq(joiner) == later.seq  # held for the window
+        await daemon.fanout.flush(joiner)
+        assert got.events == [*after, later]
+
+
 async def test_a_member_dropped_while_offered_does_not_cost_the_others_the_batch() -> None:
     async with daemon_running() as (daemon, nursery):
         members = [await member(daemon, nursery, patterns=INFO, sub_id=i) for i in range(3)]

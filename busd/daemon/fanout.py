@@ -141,6 +141,12 @@ class Fanout:
         key = member.cohort_key()
         cohort = self._cohorts.get(key)
         log = self.log
+        if cohort is not None and cohort.cursor < log.head_seq:
+            # What the others have not been given yet predates this member: give it
+            # to them now (their dispatchers keep their windows). Those whose
+            # connections are going away leave meanwhile, maybe all of them.
+            self._take(cohort, trio.current_time(), force=True)
+            cohort = self._cohorts.get(key)
         if cohort is None:
             dispatcher = member.dispatcher
             cohort = self._cohorts[key] = Cohort(
@@ -153,10 +159,6 @@ class Fanout:
                 keyer=self._keyer,
                 max_merged_chars=self._max_merged_chars,
             )
-        elif cohort.cursor < log.head_seq:
-            # What the others have not been given yet predates this member: give it
-            # to them now (their dispatchers keep their windows).
-            self._take(cohort, trio.current_time(), force=True)
         cohort.members.append(member)
         member.cohort = cohort
 
