@@ -67,6 +67,8 @@ logger = logging.getLogger("busd.client")
 
 _RECEIVE = 65_536
 _PUBLISH_QUEUE = 10_000
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_Queued = Frame | list[Outgoing[Event]]  # what the writer sends: a run of publishes is one frame
 
 
 class ClientSubscription:
@@ -140,11 +142,12 @@ class Client:
         self.errors: list[Error] = []  # non-fatal errors the daemon reported
         self._stream: trio.SocketStream | None = None
         self._encoder = Encoder()
-        self._frames: list[Frame | Outgoing[Event]] = []
+        self._frames: list[_Queued] = []
+        self._group: list[Outgoing[Event]] | None = None  # the run at the tail of _frames
         self._pending_publishes = 0
+        self._publishable: set[type] = set()  # the catalog accepted them (it only grows)
         self._wake_writer = trio.Event()
         self._room = trio.Event()
-        self._written = trio.Event()
         self._ids = itertools.count(1)
         self._replies: dict[int, tuple[trio.Event, list[Reply]]] = {}
         self._pongs: dict[int, trio.Event] = {}
@@ -267,7 +270,7 @@ class Client:
 
     def _resubscribe(self) -> None:
         # Queued ahead of anything else: each resumes where its iterator stopped.
-        frames: list[Frame | Outgoing[Event]] = []
+        frames: list[_Queued] = []
         for sub in self._subs.values():
             since = sub.last_seq if sub.last_seq is not None else sub.frame.since_seq
             frames.append(msgspec.structs.replace(sub.frame, since_seq=since))
@@ -285,7 +288,6 @@ class Client:
         for pong in self._pongs.values():
             pong.set()
         self._room.set()
-        self._written.set()
         return lost
 
     def _fail_everything(self, lost: ConnectionLost) -> None:
@@ -301,17 +303,17 @@ class Client:
         while True:
             try:
                 for frame in decoder:
-                    lost = self._handle(frame)
-                    if lost is not None:
-                        return lost
-                    if isinstance(frame, Events):
-                        sub = self._subs.get(frame.sub)
-                        if sub is not None:
-                            await sub._deliver(Batch(frame.events))
-                    elif isinstance(frame, Gap):
-                        sub = self._subs.get(frame.sub)
-                        if sub is not None:
-                            await sub._deliver(Batch([], (frame.from_seq, frame.to_seq)))
+                    match frame:  # events first: nearly every frame a subscriber reads
+                        case Events(sub=sub_id, events=events):
+                            if (sub := self._subs.get(sub_id)) is not None:
+                                await sub._deliver(Batch(events))
+                        case Gap(sub=sub_id, from_seq=first, to_seq=last):
+                            if (sub := self._subs.get(sub_id)) is not None:
+                                await sub._deliver(Batch([], (first, last)))
+                        case _:
+                            lost = self._handle(frame)
+                            if lost is not None:
+                                return lost
             except ProtocolError as exc:
                 if exc.fatal:
                     return ConnectionLost(exc.code, exc.message)
@@ -349,24 +351,23 @@ class Client:
     # -- writing -----------------------------------------------------------------
 
     async def _writer(self, stream: trio.SocketStream) -> None:
+        # It waits on an empty queue only, so only what makes it non-empty need wake it.
         while True:
             if not self._frames:
-                self._written.set()
                 self._wake_writer = trio.Event()
                 await self._wake_writer.wait()
                 continue
             frames, self._frames = self._frames, []
+            self._group = None
             out = bytearray()
-            group: list[Outgoing[Event]] = []
+            published = 0
             for item in frames:
-                if isinstance(item, Outgoing):
-                    group.append(item)
-                    continue
-                self._encode_publish(group, out)
-                group = []
-                self._encoder.encode_into(item, out)
-            self._encode_publish(group, out)
-            self._pending_publishes -= sum(1 for f in frames if isinstance(f, Outgoing))
+                if isinstance(item, list):
+                    published += len(item)
+                    self._encode_publish(item, out)
+                else:
+                    self._encoder.encode_into(item, out)
+            self._pending_publishes -= published
             self._room.set()
             try:
                 await stream.send_all(out)
@@ -386,10 +387,10 @@ class Client:
             self._encode_publish(group[:half], out)
             self._encode_publish(group[half:], out)
 
-    def _push(self, item: Frame | Outgoing[Event]) -> None:
+    def _push(self, item: Frame) -> None:
         self._check_open()
         self._frames.append(item)
-        self._written = trio.Event() if self._written.is_set() else self._written
+        self._group = None  # publishes after it go in a frame of their own
         self._wake_writer.set()
 
     def _check_open(self) -> None:
@@ -409,11 +410,19 @@ class Client:
         agent_id: str | None = None,
     ) -> None:
         """Queue ``event``; raises :class:`trio.WouldBlock` when the queue is full."""
-        self.catalog.check(event)
+        if type(event) not in self._publishable:
+            self.catalog.check(event)  # UnknownEventType for a class it lacks
+            self._publishable.add(type(event))
         if self._pending_publishes >= _PUBLISH_QUEUE:
             raise trio.WouldBlock
+        self._check_open()
         self._pending_publishes += 1
-        self._push(Outgoing(event=event, session_id=session_id, run_id=run_id, agent_id=agent_id))
+        outgoing = Outgoing(event=event, session_id=session_id, run_id=run_id, agent_id=agent_id)
+        if (group := self._group) is None:  # the first since the writer took the queue
+            self._group = group = []
+            self._frames.append(group)
+            self._wake_writer.set()
+        group.append(outgoing)
 
     async def publish(
         self,
@@ -432,17 +441,30 @@ class Client:
         ``ack=True`` then waits for :meth:`acknowledge`: the event (and every
         one before it) is in the daemon's journal, or :class:`NotJournaled`.
         """
-        while True:
-            try:
-                self.publish_nowait(event, session_id=session_id, run_id=run_id, agent_id=agent_id)
-            except trio.WouldBlock:
-                self._room = trio.Event()
-                await self._room.wait()
-                continue
-            if ack:
-                return await self.acknowledge()
-            await trio.lowlevel.checkpoint_if_cancelled()
-            return None
+        if (  # the hot path: publish_nowait inlined, for the common case only
+            (group := self._group) is not None
+            and type(event) in self._publishable
+            and self._pending_publishes < _PUBLISH_QUEUE
+            and not self._closing
+            and self._lost is None
+        ):
+            self._pending_publishes += 1
+            group.append(
+                Outgoing(event=event, session_id=session_id, run_id=run_id, agent_id=agent_id)
+            )
+        else:
+            ids = {"session_id": session_id, "run_id": run_id, "agent_id": agent_id}
+            while True:
+                try:
+                    self.publish_nowait(event, **ids)
+                    break
+                except trio.WouldBlock:
+                    self._room = trio.Event()
+                    await self._room.wait()
+        if ack:
+            return await self.acknowledge()
+        await _checkpoint_if_cancelled()
+        return None
 
     async def acknowledge(self) -> Acked:
         """Wait until every event this connection has published is in the daemon's journal.
