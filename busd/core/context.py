@@ -55,6 +55,7 @@ from .events import (
     Usage,
     UserPrompt,
 )
+from .usage import tokens_max, tokens_minus
 from .windows import ModelWindows
 
 __all__ = [
@@ -94,28 +95,6 @@ _CALIBRATION_MIN, _CALIBRATION_MAX = 0.25, 4.0
 
 def _context_input(usage: TokenUsage) -> int:
     return usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
-
-
-def _max_usage(a: TokenUsage, b: TokenUsage) -> TokenUsage:
-    return TokenUsage(
-        input_tokens=max(a.input_tokens, b.input_tokens),
-        output_tokens=max(a.output_tokens, b.output_tokens),
-        reasoning_tokens=max(a.reasoning_tokens, b.reasoning_tokens),
-        cache_read_tokens=max(a.cache_read_tokens, b.cache_read_tokens),
-        cache_write_tokens=max(a.cache_write_tokens, b.cache_write_tokens),
-    )
-
-
-def _minus(a: TokenUsage, b: TokenUsage | None) -> TokenUsage:
-    if b is None:
-        return a
-    return TokenUsage(
-        input_tokens=max(0, a.input_tokens - b.input_tokens),
-        output_tokens=max(0, a.output_tokens - b.output_tokens),
-        reasoning_tokens=max(0, a.reasoning_tokens - b.reasoning_tokens),
-        cache_read_tokens=max(0, a.cache_read_tokens - b.cache_read_tokens),
-        cache_write_tokens=max(0, a.cache_write_tokens - b.cache_write_tokens),
-    )
 
 
 def _tokens(text_or_tokens: str | int) -> int:
@@ -536,7 +515,7 @@ class ContextWindow:
 
     def _usage(self, tokens: TokenUsage) -> None:
         previous = self._cumulative
-        cumulative = tokens if previous is None else _max_usage(previous, tokens)
+        cumulative = tokens if previous is None else tokens_max(previous, tokens)
         if cumulative == previous:
             return  # a repeat or a late snapshot
         self._cumulative = cumulative
@@ -552,7 +531,7 @@ class ContextWindow:
             update = False
         else:
             update = True
-        call = _minus(cumulative, self._turn_base)
+        call = tokens_minus(cumulative, self._turn_base)
         if _context_input(call) == 0:
             return  # a late report of an earlier call: every call has some input
         self.record_call(call, update=update)

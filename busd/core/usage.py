@@ -361,6 +361,33 @@ def merge_cumulative(a: TokenUsage, b: TokenUsage) -> TokenUsage:
     )
 
 
+def tokens_max(a: TokenUsage, b: TokenUsage) -> TokenUsage:
+    """The field-wise max of the token counts, without the cost (a context's running total)."""
+    return TokenUsage(
+        input_tokens=max(a.input_tokens, b.input_tokens),
+        output_tokens=max(a.output_tokens, b.output_tokens),
+        reasoning_tokens=max(a.reasoning_tokens, b.reasoning_tokens),
+        cache_read_tokens=max(a.cache_read_tokens, b.cache_read_tokens),
+        cache_write_tokens=max(a.cache_write_tokens, b.cache_write_tokens),
+    )
+
+
+def tokens_minus(a: TokenUsage, b: TokenUsage | None) -> TokenUsage:
+    """One call of a running total: ``a`` less ``b``, each count at least 0, without the cost.
+
+    Without ``b`` (no earlier total), ``a`` as it is.
+    """
+    if b is None:
+        return a
+    return TokenUsage(
+        input_tokens=max(0, a.input_tokens - b.input_tokens),
+        output_tokens=max(0, a.output_tokens - b.output_tokens),
+        reasoning_tokens=max(0, a.reasoning_tokens - b.reasoning_tokens),
+        cache_read_tokens=max(0, a.cache_read_tokens - b.cache_read_tokens),
+        cache_write_tokens=max(0, a.cache_write_tokens - b.cache_write_tokens),
+    )
+
+
 def cache_hit_percent(tokens: TokenUsage) -> float | None:
     """The share of the prompt served from the cache: reads over the whole input, in percent.
 
