@@ -213,10 +213,10 @@ async def _attach_connected(
     path: Path, attacher: Attacher, options: AttachOptions, on_connect: Callable[[], None]
 ) -> int:
     async with busd_connect(path, client=f"busd-attach-{attacher.name}", role="agent") as client:
-        on_connect()
         sink = ClientSink(client, max_frame=client.limits.max_frame)
         stopped = False
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            on_connect()  # said once a signal would stop it cleanly, not before
             async with trio.open_nursery() as nursery:
 
                 async def stop_on_signal() -> None:
