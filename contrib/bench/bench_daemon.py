@@ -68,7 +68,7 @@ from busd.wire import (
 
 TEXT_LENGTH = 100
 PER_FRAME = 256
-YIELD_EVERY = 64  # events a connection publishes between two checkpoints (connection.py)
+YIELD_EVERY = 256  # events a connection publishes between two checkpoints (connection.py)
 DEFAULT_SUBSCRIBERS = (1, 4, 16, 64)
 MODES = {"off": "journal off", "on": "journal on"}
 SPREAD = 1.3  # rounds further apart than this are pointed out
