@@ -30,6 +30,7 @@ from busd.core.events import (
     event_type,
 )
 from busd.daemon.batching import BatchDispatcher
+from busd.daemon.fanout import shared_parts
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
 from busd.daemon.outbox import Out, Outbox
 from busd.wire import Encoder, Events, encode_envelope, pack_events
@@ -612,3 +613,44 @@ async def collect_n(sub: AsyncIterator[object], n: int) -> list[Envelope[Event]]
             if len(got) >= n:
                 break
     return got
+
+
+def test_a_batch_over_the_frame_cap_is_shared_in_parts_packed_once() -> None:
+    envelopes = [env(s, TextDelta(message_id="m", text="x" * 50)) for s in range(5, 45)]
+    raws = [encode_envelope(e) for e in envelopes]
+    batch = SharedBatch(envelopes, raws, 3, sum(map(len, raws)))  # 3, 4: superseded before
+    cap = len(raws[0]) * 7 + 5
+    parts = shared_parts(batch, cap)
+    assert parts is not None
+    assert len(parts) == 6  # 40 envelopes, 7 to a part
+    assert all(len(p.body) <= cap + 5 for p in parts)  # the array's own head: 3 bytes
+    assert [p.body for p in parts] == [pack_events(raws[i : i + 7]) for i in range(0, 40, 7)]
+    # Each resumes after the last event of the one before it (the first: the batch's).
+    assert [p.since for p in parts] == [2, 11, 18, 25, 32, 39]
+    assert shared_parts(batch, cap) is parts  # packed once for every member
+    whole = SharedBatch(envelopes, raws, 5, batch.size)
+    assert [(p.since, p.body) for p in shared_parts(whole, batch.size) or []] == [
+        (4, pack_events(raws))
+    ]
+    over = SharedBatch(envelopes, raws, 5, batch.size)
+    assert shared_parts(over, len(raws[0]) - 1) is None  # no frame carries one of them
+
+
+async def test_a_window_over_the_frame_cap_arrives_whole_and_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "busd.sock"
+    config = DaemonConfig(journal=None, max_frame=4096)
+    async with (
+        running_daemon(path, config),
+        connect(path, role="agent") as publisher,
+        connect(path) as c1,
+        connect(path) as c2,
+        c1.subscribe(["stream.text.delta"], deltas="raw", window_ms=200) as s1,
+        c2.subscribe(["stream.text.delta"], deltas="raw", window_ms=200) as s2,
+    ):
+        for i in range(300):  # about 30 KB of envelopes in one window: 8 or more frames
+            publisher.publish_nowait(TextDelta(message_id="m", text=f"{i:>20} "), session_id="s1")
+        await publisher.flush()
+        got = [await collect_n(s, 300) for s in (s1, s2)]
+        assert got[0] == got[1]
+        texts = [e.event.text for e in got[0] if isinstance(e.event, TextDelta)]
+        assert texts == [f"{i:>20} " for i in range(300)]

@@ -36,7 +36,7 @@ from .coalesce import (
 )
 from .events import Envelope, Event
 
-__all__ = ["Cohort", "Log", "SharedBatch"]
+__all__ = ["Cohort", "Log", "SharedBatch", "SharedPart"]
 
 M = TypeVar("M")
 
@@ -112,9 +112,8 @@ class SharedBatch:
 
     ``first_seq`` is the seq of the slice's first wanted event, superseded
     or merged ones included: where a member that fails to deliver the batch
-    resumes from. ``body`` and ``heads`` are for the sending side: the
-    ``events`` array packed once, and the frame head it built per
-    subscription id (members with the same id send the very same bytes).
+    resumes from. ``parts`` is for the sending side: the ``events`` arrays,
+    packed once (more than one when the batch is over a frame's cap).
     """
 
     envelopes: list[Envelope[Event]]
@@ -122,11 +121,24 @@ class SharedBatch:
     first_seq: int
     size: int
     """Bytes of the envelopes together."""
-    body: bytes | None = None
-    heads: dict[int, bytes] = field(default_factory=dict)
+    parts: list[SharedPart] | None = None
 
     def __len__(self) -> int:
         return len(self.envelopes)
+
+
+@dataclass(slots=True)
+class SharedPart:
+    """One ``events`` frame of a shared batch: its packed array, sent by every member.
+
+    ``since`` is the resume point if it is not delivered; ``heads`` the frame
+    head built per subscription id (members with the same id send the very
+    same bytes).
+    """
+
+    since: int
+    body: bytes
+    heads: dict[int, bytes] = field(default_factory=dict)
 
 
 class Cohort(Generic[M]):

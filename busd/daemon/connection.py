@@ -76,13 +76,13 @@ from ..wire import (
     Welcome,
     client_frame_decoder,
     identity,
-    pack_events,
 )
 from .acks import Acks
 from .asks import Asks
 from .authority import forbidden, refusal
 from .batching import BatchDispatcher
 from .commands import Failed, answer
+from .fanout import shared_parts
 from .hub import Daemon, Resume, Subscription
 from .ingests import Ingests
 from .journal import JournalSpan, Missing
@@ -664,15 +664,17 @@ class Connection:
         """
         if self._closing:
             return True  # as the async path: nothing goes out any more
-        size = batch.size + _EVENTS_OVERHEAD  # at most: checked before encoding
-        if size > self.daemon.config.max_frame or not self._outbox.fits(size):
-            return False
-        if batch.body is None:
-            batch.body = pack_events(batch.raws)
-        head = batch.heads.get(sub.id)
-        if head is None:
-            head = batch.heads[sub.id] = self._encoder.events_head(sub.id, batch.body)
-        self._outbox.push(Out(head, batch.first_seq - 1, tail=batch.body))
+        config = self.daemon.config
+        if batch.size > config.outbound_cap or not self._outbox.fits(batch.size):
+            return False  # the subscription's loop sends it, waiting for room
+        parts = shared_parts(batch, config.max_frame - _EVENTS_OVERHEAD)
+        if parts is None:
+            return False  # an envelope over the cap: the loop says so
+        for part in parts:
+            head = part.heads.get(sub.id)
+            if head is None:
+                head = part.heads[sub.id] = self._encoder.events_head(sub.id, part.body)
+            self._outbox.push(Out(head, part.since, tail=part.body))
         return True
 
     def _slow_consumer(self) -> None:

@@ -25,12 +25,12 @@ import msgspec
 import trio
 
 from ..core.coalesce import Keyer
-from ..core.cohorts import Cohort, Log, SharedBatch
+from ..core.cohorts import Cohort, Log, SharedBatch, SharedPart
 from ..core.events import Envelope, Event
-from ..wire import encode_envelope
+from ..wire import encode_envelope, pack_events
 from .batching import BatchDispatcher
 
-__all__ = ["Fanout", "FanoutStatistics", "Member"]
+__all__ = ["Fanout", "FanoutStatistics", "Member", "shared_parts"]
 
 logger = logging.getLogger("busd.daemon")
 
@@ -284,3 +284,34 @@ class Fanout:
             batches=self._batches,
             offered=self._offered,
         )
+
+
+def shared_parts(batch: SharedBatch, cap: int) -> list[SharedPart] | None:
+    """``batch`` as ``events`` arrays of at most ``cap`` bytes of envelopes, packed once.
+
+    The first member to send the batch packs it; the others send the same
+    parts. A batch over ``cap`` (a long window at a high rate) goes as
+    several frames, each still shared, where it used to fall back to every
+    member encoding its own. ``None`` if one envelope alone is over ``cap``:
+    no frame carries it, and the member's own send reports it. Every member
+    of a daemon passes the same ``cap``.
+    """
+    if batch.parts is not None:
+        return batch.parts
+    raws = batch.raws
+    if batch.size <= cap:
+        parts = [SharedPart(batch.first_seq - 1, pack_events(raws))]
+    else:
+        parts = []
+        since, start = batch.first_seq - 1, 0
+        while start < len(raws):
+            end, size = start, 0
+            while end < len(raws) and size + len(raws[end]) <= cap:
+                size += len(raws[end])
+                end += 1
+            if end == start:
+                return None
+            parts.append(SharedPart(since, pack_events(raws[start:end])))
+            since, start = batch.envelopes[end - 1].seq, end
+    batch.parts = parts
+    return parts

@@ -51,6 +51,7 @@ from busd.core.cohorts import SharedBatch
 from busd.core.events import Envelope, Event, TextDelta
 from busd.daemon.authority import forbidden
 from busd.daemon.batching import BatchDispatcher
+from busd.daemon.fanout import shared_parts
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
 from busd.daemon.outbox import Out
 from busd.plugins.manager import PluginManager
@@ -146,18 +147,17 @@ async def busd_run(
                 await trio.lowlevel.checkpoint()
 
             def send_shared(batch: SharedBatch, sub_id: int = sub_id) -> bool:
-                # As Connection._send_shared: the array packed once, a head per subscription
-                # id; a batch over the frame cap goes as the subscription's own frames.
-                if batch.size > frame_cap:
-                    return False
-                if batch.body is None:
-                    batch.body = pack_events(batch.raws)
-                head = batch.heads.get(sub_id)
-                if head is None:
-                    head = batch.heads[sub_id] = encoder.events_head(sub_id, batch.body)
-                queued.append(Out(head, batch.first_seq - 1, tail=batch.body))
+                # As Connection._send_shared: the arrays packed once (several frames over
+                # the frame cap), a head per subscription id.
+                parts = shared_parts(batch, frame_cap)
+                assert parts is not None  # no envelope here is anywhere near the cap
+                for part in parts:
+                    head = part.heads.get(sub_id)
+                    if head is None:
+                        head = part.heads[sub_id] = encoder.events_head(sub_id, part.body)
+                    queued.append(Out(head, part.since, tail=part.body))
                 run.delivered += len(batch)
-                run.shared += 1
+                run.shared += len(parts)
                 return True
 
             dispatcher = BatchDispatcher(
