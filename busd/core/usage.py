@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from .errors import BusdError
 from .events import TokenUsage
 from .usagefields import (
@@ -351,14 +353,7 @@ def merge_cumulative(a: TokenUsage, b: TokenUsage) -> TokenUsage:
         cost = a.cost_usd
     else:
         cost = max(a.cost_usd, b.cost_usd)
-    return TokenUsage(
-        input_tokens=max(a.input_tokens, b.input_tokens),
-        output_tokens=max(a.output_tokens, b.output_tokens),
-        reasoning_tokens=max(a.reasoning_tokens, b.reasoning_tokens),
-        cache_read_tokens=max(a.cache_read_tokens, b.cache_read_tokens),
-        cache_write_tokens=max(a.cache_write_tokens, b.cache_write_tokens),
-        cost_usd=cost,
-    )
+    return msgspec.structs.replace(tokens_max(a, b), cost_usd=cost)
 
 
 def tokens_max(a: TokenUsage, b: TokenUsage) -> TokenUsage:

@@ -47,7 +47,7 @@ from ..core.events import (
 )
 from ..core.permissions import PermissionRule
 from ..core.toolmetrics import ToolTracker
-from ..core.usage import add_usage
+from ..core.usage import add_usage, tokens_minus
 from ..plugins.adapters import Adapter, Emitted, Translator
 from ..plugins.drivers import Driver, PermissionDecision, RunRequest
 from ..plugins.host import PluginHost
@@ -553,14 +553,7 @@ def _minus(after: TokenUsage, before: TokenUsage) -> TokenUsage:
     cost: float | None = None
     if after.cost_usd is not None:
         cost = max(0.0, after.cost_usd - (before.cost_usd or 0.0))
-    return TokenUsage(
-        input_tokens=max(0, after.input_tokens - before.input_tokens),
-        output_tokens=max(0, after.output_tokens - before.output_tokens),
-        reasoning_tokens=max(0, after.reasoning_tokens - before.reasoning_tokens),
-        cache_read_tokens=max(0, after.cache_read_tokens - before.cache_read_tokens),
-        cache_write_tokens=max(0, after.cache_write_tokens - before.cache_write_tokens),
-        cost_usd=cost,
-    )
+    return msgspec.structs.replace(tokens_minus(after, before), cost_usd=cost)
 
 
 def failure(exc: BaseException) -> str:

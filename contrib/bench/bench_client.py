@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from fanout_peers import EVENT_TYPE, SESSION, Tally, make_event
+from fanout_peers import EVENT_TYPE, SESSION, Tally, busd_batch, make_event
 
 from busd.client import Batch, connect
 from busd.core.catalog import Catalog
-from busd.core.events import Envelope, Event, TextDelta
+from busd.core.events import Envelope, Event
 from busd.wire import Encoder, Outgoing, Publish, encode_envelope, pack_events, server_frame_decoder
 
 HERE = Path(__file__).resolve().parent
@@ -149,16 +149,7 @@ async def subscribe_run(address: str, events: int) -> tuple[float, float]:
             library += now - mark
             mark = now
             # the loop's own work, as busd_subscriber does it
-            stamp = time.monotonic_ns()
-            if batch.gap is not None:
-                tally.ordered = False
-            for envelope in batch.events:
-                if envelope.seq <= last_seq:
-                    tally.ordered = False
-                last_seq = envelope.seq
-                event = envelope.event
-                assert isinstance(event, TextDelta)
-                tally.observe(event.text, stamp)
+            last_seq = busd_batch(tally, batch, last_seq, time.monotonic_ns())
             now = time.process_time()
             own += now - mark
             mark = now

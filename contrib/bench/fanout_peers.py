@@ -160,6 +160,20 @@ async def paced(
 # -- busd --------------------------------------------------------------------
 
 
+def busd_batch(tally: Tally, batch: Any, last_seq: int, now_ns: int) -> int:
+    """A busd ``Batch`` received at ``now_ns``, checked for order; returns the last seq seen."""
+    if batch.gap is not None:
+        tally.ordered = False
+    for envelope in batch.events:
+        if envelope.seq <= last_seq:
+            tally.ordered = False
+        last_seq = envelope.seq
+        event = envelope.event
+        assert isinstance(event, TextDelta)
+        tally.observe(event.text, now_ns)
+    return last_seq
+
+
 async def busd_subscriber(address: str, events: int, window_ms: int, latency: bool) -> None:
     from busd.client import connect
 
@@ -176,16 +190,7 @@ async def busd_subscriber(address: str, events: int, window_ms: int, latency: bo
                 batch = await anext(subscription, None)
             if batch is None:
                 break
-            now = time.monotonic_ns()
-            if batch.gap is not None:
-                tally.ordered = False
-            for envelope in batch.events:
-                if envelope.seq <= last_seq:
-                    tally.ordered = False
-                last_seq = envelope.seq
-                event = envelope.event
-                assert isinstance(event, TextDelta)
-                tally.observe(event.text, now)
+            last_seq = busd_batch(tally, batch, last_seq, time.monotonic_ns())
     tally.report()
 
 
