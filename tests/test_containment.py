@@ -594,14 +594,17 @@ async def test_text_whose_utf8_looks_like_binary_markers_is_accepted(sock_path: 
 # -- 8. all or nothing ----------------------------------------------------------------
 
 
-async def test_a_publish_frame_with_one_refused_event_publishes_none(sock_path: Path) -> None:
+@pytest.mark.parametrize("before", [1, 40])  # a small frame is looked at event by event
+async def test_a_publish_frame_with_one_refused_event_publishes_none(
+    sock_path: Path, before: int
+) -> None:
     async with running_daemon(sock_path) as server:
         watcher = await lagging_subscriber(sock_path)
         await watcher.send(Subscribe(id=2, window_ms=0))
         raw = await RawClient.open(sock_path)
         frame = Publish(
             events=[
-                Outgoing(event=SessionInfo(message="a")),
+                *[Outgoing(event=SessionInfo(message="a"))] * before,
                 Outgoing(event=StreamingStats(elapsed_s=1.0)),  # derived by the daemon: refused
                 Outgoing(event=SessionInfo(message="b")),
             ]
@@ -611,9 +614,9 @@ async def test_a_publish_frame_with_one_refused_event_publishes_none(sock_path: 
         frames = await receive_until(raw, lambda f: Pong(nonce=4) in f)
         errors = [f for f in frames if isinstance(f, Error)]
         assert [(e.code, e.fatal) for e in errors] == [("invalid_event", False)]
-        assert "events[1]" in errors[0].message
+        assert f"events[{before}]" in errors[0].message
         assert server.daemon.bus.head_seq == 0
-        assert server.daemon.counters.rejected_events == 3
+        assert server.daemon.counters.rejected_events == before + 2
         await publish_all(sock_path, [SessionInfo(message="c")])
         seen = await receive_until(watcher, lambda f: event_seqs(f, sub=2))
         assert [e.event for f in seen if isinstance(f, Events) for e in f.events] == [
