@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from itertools import count
 
 import pytest
@@ -242,35 +241,21 @@ def test_route_cache_follows_later_registrations() -> None:
 # -- runs ----------------------------------------------------------------------------
 
 
-def routed(*events: Event, session: str = "s1") -> list[tuple[Event, str, None, None, bool]]:
-    return [(e, session, None, None, False) for e in events]
+def stretch(bus: Bus, *events: Event, source: str = "") -> list[Envelope[Event]]:
+    """``publish_stretch`` of events from session s1."""
+    return bus.publish_stretch(
+        list(events), session_id="s1", run_id=None, agent_id=None, stale=False, source=source
+    )
 
 
-Publish = Callable[..., list[Envelope[Event]]]
-
-
-@pytest.fixture(params=["run", "stretch"])
-def publish_run(request: pytest.FixtureRequest) -> Publish:
-    """``publish_run`` of events from session s1, or ``publish_stretch``: the same promises."""
-
-    def publish(bus: Bus, *events: Event, source: str = "") -> list[Envelope[Event]]:
-        if request.param == "run":
-            return bus.publish_run(routed(*events), source=source)
-        return bus.publish_stretch(
-            list(events), session_id="s1", run_id=None, agent_id=None, stale=False, source=source
-        )
-
-    return publish
-
-
-def test_a_run_is_sequenced_at_once_and_reaches_each_handler_whole(publish_run: Publish) -> None:
+def test_a_run_is_sequenced_at_once_and_reaches_each_handler_whole() -> None:
     bus = Bus()
     seen: Seen = []
     runs: list[list[int]] = []
     bus.on("stream.text.delta", recorder(seen, "typed"))
     bus.on_all(recorder(seen, "one"), many=lambda es: runs.append([e.seq for e in es]))
     bus.on_all(recorder(seen, "plain"))
-    envelopes = publish_run(bus, delta("a"), delta("b"), delta("c"), source="me")
+    envelopes = stretch(bus, delta("a"), delta("b"), delta("c"), source="me")
     assert [e.seq for e in envelopes] == [1, 2, 3]
     assert {e.ts for e in envelopes} == {envelopes[0].ts}  # accepted together
     assert len({e.id for e in envelopes}) == 3
@@ -287,7 +272,7 @@ def test_a_run_is_sequenced_at_once_and_reaches_each_handler_whole(publish_run: 
     assert bus.statistics().published == 3
 
 
-def test_what_a_handler_publishes_during_a_run_follows_the_run(publish_run: Publish) -> None:
+def test_what_a_handler_publishes_during_a_run_follows_the_run() -> None:
     bus = Bus()
     order: list[tuple[int, str]] = []
 
@@ -297,36 +282,34 @@ def test_what_a_handler_publishes_during_a_run_follows_the_run(publish_run: Publ
             bus.publish(SessionIdle(), session_id="s1")
 
     bus.on_all(derive)
-    publish_run(bus, delta("a"), delta("b"))
+    stretch(bus, delta("a"), delta("b"))
     assert order == [(1, "stream.text.delta"), (2, "stream.text.delta"), (3, "stream.session.idle")]
 
 
-def test_a_run_published_from_a_handler_goes_one_by_one_in_turn(publish_run: Publish) -> None:
+def test_a_run_published_from_a_handler_goes_one_by_one_in_turn() -> None:
     bus = Bus()
     order: list[int] = []
 
     def handler(envelope: Envelope[Event]) -> None:
         order.append(envelope.seq)
         if envelope.seq == 1:
-            publish_run(bus, delta("b"), delta("c"))
+            stretch(bus, delta("b"), delta("c"))
 
     bus.on_all(handler)
     bus.publish(delta("a"), session_id="s1")
     assert order == [1, 2, 3]
 
 
-def test_a_run_of_two_types_is_refused_whole(publish_run: Publish) -> None:
+def test_a_run_of_two_types_is_refused_whole() -> None:
     bus = Bus()
     seen: Seen = []
     bus.on_all(recorder(seen, "all"))
     with pytest.raises(ValueError, match="one type"):
-        publish_run(bus, delta("a"), ThinkingDelta(message_id="m1", text="b"))
+        stretch(bus, delta("a"), ThinkingDelta(message_id="m1", text="b"))
     assert (seen, bus.head_seq) == ([], 0)
 
 
-def test_a_failing_many_handler_is_reported_once_and_the_others_get_the_run(
-    publish_run: Publish,
-) -> None:
+def test_a_failing_many_handler_is_reported_once_and_the_others_get_the_run() -> None:
     bus = Bus()
     seen: Seen = []
     errors: list[HandlerError] = []
@@ -337,6 +320,6 @@ def test_a_failing_many_handler_is_reported_once_and_the_others_get_the_run(
 
     bus.on_all(recorder(seen, "unused"), many=explode)
     bus.on_all(recorder(seen, "after"))
-    publish_run(bus, delta("a"), delta("b"))
+    stretch(bus, delta("a"), delta("b"))
     assert seen == [("after", 1), ("after", 2)]
     assert [(e.envelope.seq, str(e.exception)) for e in errors] == [(1, "boom")]

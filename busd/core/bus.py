@@ -9,8 +9,8 @@ its handlers (breadth-first), so dispatch order always equals ``seq`` order.
 Handlers are plain callables: anything slow or asynchronous belongs behind
 them (the daemon's fan-out), never inside them.
 
-A *run* of events of one type (:meth:`Bus.publish_run`, a ``publish``
-frame's deltas) is sequenced at once and reaches each handler as a whole: a
+A *run* of events of one type from one place (:meth:`Bus.publish_stretch`,
+a ``publish`` frame's deltas) is sequenced at once and reaches each handler as a whole: a
 catch-all handler registered with ``many=`` takes the list in one call, the
 others each event in turn. Only for such runs may a handler see event k+1
 before the next handler has seen event k, and an event a handler publishes
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -33,15 +33,13 @@ from .events import Envelope, Event
 from .ids import EventIds
 from .patterns import Pattern, is_pattern
 
-__all__ = ["Bus", "BusStatistics", "Handle", "Handler", "HandlerError", "ManyHandler", "Routed"]
+__all__ = ["Bus", "BusStatistics", "Handle", "Handler", "HandlerError", "ManyHandler"]
 
 logger = logging.getLogger("busd.bus")
 
 Handler = Callable[[Envelope[Event]], object]
 ManyHandler = Callable[[list[Envelope[Event]]], object]
 """Takes a run of envelopes at once; must do what the handler does with each, in order."""
-Routed = tuple[Event, str | None, str | None, str | None, bool]
-"""One event of a run: ``(event, session_id, run_id, agent_id, stale)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +158,7 @@ class Bus:
     def on_all(self, handler: Handler, *, many: ManyHandler | None = None) -> Handle:
         """Call ``handler`` for every event, after the typed and pattern handlers.
 
-        ``many``, if given, takes a whole run (:meth:`publish_run`) in one call.
+        ``many``, if given, takes a whole run (:meth:`publish_stretch`) in one call.
         """
         entry = _Entry(handler, None, None, many)
         self._catch_all.append(entry)
@@ -250,40 +248,6 @@ class Bus:
             self._dispatching = False
         return envelope
 
-    def publish_run(self, items: Sequence[Routed], *, source: str = "") -> list[Envelope[Event]]:
-        """Sequence and dispatch events of one type as a run (see the module's docstring).
-
-        Every event gets the next ``seq``, a new id, and the same ``ts``. From
-        inside a handler, the events are published one by one instead.
-        """
-        if not items:
-            return []
-        if self._dispatching:
-            return [
-                self.publish(e, session_id=s, run_id=r, agent_id=a, source=source, stale=st)
-                for e, s, r, a, st in items
-            ]
-        cls = type(items[0][0])
-        route = self._routes.get(cls)
-        if route is None:
-            route = self._route(cls, self.catalog.check(items[0][0]))
-        ts = self._clock()
-        seq = self._seq
-        envelopes: list[Envelope[Event]] = []
-        append = envelopes.append
-        for (event, session_id, run_id, agent_id, stale), event_id in zip(
-            items, self._new_ids(len(items)), strict=True
-        ):
-            if type(event) is not cls:
-                raise ValueError(
-                    f"a run is of one type: {type(event).__qualname__} among {cls.__qualname__}"
-                )
-            seq += 1
-            append(Envelope(seq, ts, event, session_id, run_id, agent_id, source, stale, event_id))
-        self._seq = seq
-        self._dispatch_run(envelopes, route)
-        return envelopes
-
     def publish_stretch(
         self,
         events: list[Event],
@@ -294,10 +258,12 @@ class Bus:
         stale: bool,
         source: str = "",
     ) -> list[Envelope[Event]]:
-        """:meth:`publish_run` of events of one type from one place, without a step per event.
+        """Sequence and dispatch events of one type from one place as a run.
 
-        A publish frame's deltas are mostly this: one message streaming into
-        one session. The envelopes are made by ``map`` over the constructor.
+        Every event gets the next ``seq``, a new id, and the same ``ts``; the
+        envelopes are made by ``map`` over the constructor (a publish frame's
+        deltas: one message streaming into one session). From inside a
+        handler, the events are published one by one instead.
         """
         if not events:
             return []

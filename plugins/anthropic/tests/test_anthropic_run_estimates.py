@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,18 @@ class Run:
         )
         self.run_id = state.run_id
 
+    async def to_the_end(self, midway: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Serve, run the daemon, start the run (then ``midway``), and wait for its end."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.server.serve)
+            await nursery.start(self.daemon.run)
+            self.start()
+            with trio.fail_after(10):
+                if midway is not None:
+                    await midway()
+                await self.finished.wait()
+            nursery.cancel_scope.cancel()
+
     def summary(self) -> RunFinished:
         [finished] = [e.event for e in self.seen if type(e.event) is RunFinished]
         return finished
@@ -115,16 +128,13 @@ async def test_a_run_cancelled_mid_answer_ends_with_the_live_estimate_flagged() 
     server = FakeMessagesAPI(events, pause_at=stop)
     run = Run(server)
     run.want_deltas = sum(1 for e in events[:stop] if e["type"] == "content_block_delta")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        await nursery.start(run.daemon.run)
-        run.start()
-        with trio.fail_after(10):
-            await server.paused.wait()
-            await run.text_seen.wait()
-            run.daemon.runs.cancel(run.run_id, by="test")
-            await run.finished.wait()
-        nursery.cancel_scope.cancel()
+
+    async def cancel_mid_answer() -> None:
+        await server.paused.wait()
+        await run.text_seen.wait()
+        run.daemon.runs.cancel(run.run_id, by="test")
+
+    await run.to_the_end(cancel_mid_answer)
     finished, live = run.summary(), run.last_live()
     assert finished.status == "cancelled"
     assert live.output_estimated
@@ -143,13 +153,7 @@ async def test_a_run_cancelled_mid_answer_ends_with_the_live_estimate_flagged() 
 async def test_a_run_whose_message_start_had_the_final_count_ends_exact() -> None:
     server = FakeMessagesAPI(second_call_of_final_at_start())
     run = Run(server)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        await nursery.start(run.daemon.run)
-        run.start()
-        with trio.fail_after(10):
-            await run.finished.wait()
-        nursery.cancel_scope.cancel()
+    await run.to_the_end()
     finished, live = run.summary(), run.last_live()
     assert finished.status == "ok"
     assert (live.output_tokens, live.output_estimated) == (22, False)
@@ -174,13 +178,7 @@ async def test_a_run_whose_call_failed_after_a_zero_count_ends_at_zero() -> None
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     server = FakeMessagesAPI([recorded[0], recorded[1], *deltas, error])
     run = Run(server)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        await nursery.start(run.daemon.run)
-        run.start()
-        with trio.fail_after(10):
-            await run.finished.wait()
-        nursery.cancel_scope.cancel()
+    await run.to_the_end()
     finished, live = run.summary(), run.last_live()
     assert finished.status == "error"
     assert (live.output_tokens, live.output_estimated) == (0, False)
