@@ -291,6 +291,13 @@ def published_seqs(frames: Sequence[object]) -> list[int]:
 
 
 async def lagging_subscriber(path: Path) -> RawClient:
+    """A raw subscriber to read with :func:`slow_read_until_closed`.
+
+    Its daemon keeps the kernel's default send buffer (``send_buffer=0``):
+    at 80 KB/s this reader would drain busd's own (1 MiB, twice that in the
+    kernel's count) only after ``goodbye_timeout``, and its goodbye would
+    not come (docs/operations.md).
+    """
     raw = await RawClient.open(path)
     await raw.send(Subscribe(id=1, patterns=("stream.text.delta",), window_ms=0, deltas="raw"))
     await raw.send(Ping(nonce=1))
@@ -311,7 +318,9 @@ async def resume_from(path: Path, since: int, count: int) -> list[int]:
 async def test_a_lagging_reader_that_says_bye_resumes_from_its_goodbye_missing_nothing(
     sock_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    config = DaemonConfig(outbound_cap=65_536, subscription_buffer=50_000)
+    config = DaemonConfig(
+        outbound_cap=65_536, subscription_buffer=50_000, send_buffer=0
+    )  # see lagging_subscriber
     async with running_daemon(sock_path, config) as server:
         raw = await lagging_subscriber(sock_path)
         await publish_all(sock_path, deltas(6000, size=200))  # ~1.5 MB: far past the buffers
@@ -336,6 +345,7 @@ async def test_a_lagging_reader_at_shutdown_resumes_after_a_restart_missing_noth
     config = DaemonConfig(
         outbound_cap=65_536,
         subscription_buffer=50_000,
+        send_buffer=0,  # see lagging_subscriber
         shutdown_grace=600.0,
         journal=str(sock_path.parent / "journal.sqlite3"),
     )

@@ -9,6 +9,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from socket import SO_SNDBUF, SOL_SOCKET
 
 import msgspec
 import pytest
@@ -199,6 +200,43 @@ async def test_merged_and_raw_subscribers_agree_on_the_text(sock_path: Path) -> 
         "".join(e.event.text for e in raw_events if isinstance(e.event, TextDelta))
     )
     assert merged_events[-1].seq == raw_events[-1].seq
+
+
+# -- send buffers ----------------------------------------------------------------
+
+
+def _net_core(name: str) -> int:
+    return int(Path(f"/proc/sys/net/core/{name}").read_text())
+
+
+@pytest.mark.parametrize("asked", [0, 1 << 20])
+async def test_each_client_socket_gets_the_configured_send_buffer(
+    sock_path: Path, asked: int
+) -> None:
+    # Linux reports twice what was asked (its bookkeeping), capped by wmem_max.
+    expected = 2 * min(asked, _net_core("wmem_max")) if asked else _net_core("wmem_default")
+    async with running_daemon(sock_path, DaemonConfig(send_buffer=asked)) as server:
+        async with connect(sock_path) as client:
+            await client.ping()
+            (connection,) = server._connections
+            assert isinstance(connection.stream, trio.SocketStream)
+            assert connection.stream.socket.getsockopt(SOL_SOCKET, SO_SNDBUF) == expected
+
+
+async def test_a_send_buffer_the_kernel_caps_is_said_once(
+    sock_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    asked = 2 * _net_core("wmem_max")
+    caplog.set_level("INFO", logger="busd.server")
+    async with running_daemon(sock_path, DaemonConfig(send_buffer=asked)):
+        for _ in range(2):
+            async with connect(sock_path) as client:
+                await client.ping()
+    said = [r.getMessage() for r in caplog.records if "wmem_max" in r.getMessage()]
+    assert said == [
+        f"client send buffers are {_net_core('wmem_max')} bytes, not {asked}: "
+        "the kernel caps them (sysctl net.core.wmem_max)"
+    ]
 
 
 # -- slow consumers --------------------------------------------------------------

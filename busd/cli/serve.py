@@ -48,6 +48,14 @@ UNJOURNALED = 3
     "and it is dropped when a subscription's buffer of events overflows too.",
 )
 @click.option(
+    "--send-buffer",
+    type=click.IntRange(0),
+    default=_DEFAULTS.send_buffer,
+    show_default=True,
+    help="Each client socket's kernel send buffer in bytes (SO_SNDBUF, capped by the "
+    "sysctl net.core.wmem_max); 0 keeps the system's default.",
+)
+@click.option(
     "--handshake-timeout",
     type=click.FloatRange(0.01),
     default=_DEFAULTS.handshake_timeout,
@@ -175,6 +183,7 @@ def serve(
     nats_creds: Path | None,
     max_frame: int,
     outbound_cap: int,
+    send_buffer: int,
     handshake_timeout: float,
     replay: int,
     max_subscriptions: int,
@@ -197,6 +206,7 @@ def serve(
         permission_timeout=permission_wait(policy, permission_timeout),
         max_frame=max_frame,
         outbound_cap=outbound_cap,
+        send_buffer=send_buffer,
         handshake_timeout=handshake_timeout,
         replay=max(replay, 1),
         max_subscriptions=max_subscriptions,

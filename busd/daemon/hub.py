@@ -103,6 +103,8 @@ class DaemonConfig:
 
     max_frame: int = DEFAULT_MAX_FRAME
     outbound_cap: int = 8 << 20
+    send_buffer: int = 1 << 20
+    """Each client socket's kernel send buffer (``SO_SNDBUF``; 0: the system's default)."""
     handshake_timeout: float = 5.0
     replay: int = 100_000
     max_subscriptions: int = 64

@@ -55,6 +55,7 @@ class Server:
         self._nursery: trio.Nursery | None = None
         self._listener: trio.SocketListener | None = None
         self._drained = trio.Event()
+        self._told_send_cap = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the daemon and accept clients until cancelled (or :meth:`shutdown`)."""
@@ -105,6 +106,7 @@ class Server:
                     await stream.send_all(encode_frame(refusal))
             await close_gracefully(stream)
             return
+        self._size_send_buffer(stream.socket)
         self._make_room(creds.uid)
         connection = Connection(self.daemon, stream, uid=creds.uid, pid=creds.pid)
         self._connections.add(connection)
@@ -114,6 +116,32 @@ class Server:
             self._connections.discard(connection)
             if not self._connections:
                 self._drained.set()
+
+    def _size_send_buffer(self, sock: trio.socket.SocketType) -> None:
+        """A window's frame goes to the kernel in one write, not a partial one finished later.
+
+        Linux's default (about 208 KiB) is less than a busy 16 ms window for
+        many subscribers; each partial write then costs the writer task a
+        round per subscriber. ``net.core.wmem_max`` caps what we ask: said
+        once, at info level.
+        """
+        size = self.daemon.config.send_buffer
+        if not size:
+            return
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+            got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2  # Linux doubles it
+        except OSError as exc:  # not worth refusing a client over
+            logger.warning("could not size a client's send buffer: %s", exc)
+            return
+        if got < size and not self._told_send_cap:
+            self._told_send_cap = True
+            logger.info(
+                "client send buffers are %d bytes, not %d: the kernel caps them "
+                "(sysctl net.core.wmem_max)",
+                got,
+                size,
+            )
 
     def _make_room(self, uid: int) -> None:
         """Keep fewer than ``max_handshakes_per_uid`` of a uid's sockets waiting for hello.

@@ -182,16 +182,31 @@ async def busd_subscriber(address: str, events: int, window_ms: int, latency: bo
     async with (
         connect(address, client="bench-subscriber", role="frontend") as client,
         client.subscribe([EVENT_TYPE], window_ms=window_ms, deltas="raw") as subscription,
+        trio.open_nursery() as nursery,
     ):
         tally.ready()
+        # A watchdog, as the NATS subscriber has: no cancel scope per batch.
+        nursery.start_soon(watchdog, tally, nursery.cancel_scope)
         while not tally.done:
-            batch = None
-            with trio.move_on_after(tally.timeout):
-                batch = await anext(subscription, None)
+            batch = await anext(subscription, None)
             if batch is None:
                 break
             last_seq = busd_batch(tally, batch, last_seq, time.monotonic_ns())
+        nursery.cancel_scope.cancel()
     tally.report()
+
+
+async def watchdog(tally: Tally, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` once no event came for ``tally.timeout`` seconds."""
+    seen, quiet = -1, 0.0
+    while True:
+        if tally.count != seen:
+            seen, quiet = tally.count, 0.0
+        elif quiet >= tally.timeout:
+            scope.cancel()
+            return
+        await trio.sleep(1.0)
+        quiet += 1.0
 
 
 async def busd_publisher(address: str, events: int, rate: float | None) -> None:

@@ -12,6 +12,7 @@ import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from statistics import mean
 
 LABELS = {
     "busd": "busd",
@@ -167,7 +168,7 @@ def report(
             outcome = latency[v]
             values = sorted(outcome.latencies_ns)
             if outcome.problem or not values:
-                lat_rows.append([v.label, "-", "-", "-", "-", outcome.problem or "no data"])
+                lat_rows.append([v.label, *"-----", outcome.problem or "no data"])
                 continue
             p50, p99 = percentile(values, 0.50), percentile(values, 0.99)
             lat_rows.append(
@@ -177,10 +178,13 @@ def report(
                     f"{p99 / 1e6:.2f}",
                     f"{values[-1] / 1e6:.2f}",
                     f"{outcome.cpu_server / outcome.events * 1e6:.1f}",
+                    f"{outcome.cpu_publisher / outcome.events * 1e6:.1f}",
+                    f"{mean(outcome.cpu_subscribers) / outcome.events * 1e6:.1f}",
                     "ok",
                 ]
             )
-        header = ["system", "p50 ms", "p99 ms", "max ms", "server CPU us/event", "delivery"]
+        header = ["system", "p50 ms", "p99 ms", "max ms"]
+        header += ["CPU us/event: server", "publisher", "one subscriber", "delivery"]
         print(table(header, lat_rows))
 
     if idle is not None:
