@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
-from collections.abc import AsyncIterator, Callable
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from itertools import pairwise
 from pathlib import Path
@@ -33,9 +35,9 @@ from busd.daemon.batching import BatchDispatcher
 from busd.daemon.fanout import shared_parts
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
 from busd.daemon.outbox import Out, Outbox
-from busd.wire import Encoder, Events, encode_envelope, pack_events
+from busd.wire import Encoder, Events, Outgoing, Publish, encode_envelope, encode_frame, pack_events
 
-from .daemon_helpers import running_daemon
+from .daemon_helpers import RawClient, running_daemon
 
 # -- the log ------------------------------------------------------------------------
 
@@ -440,6 +442,81 @@ async def test_the_resume_point_counts_what_a_cohort_holds(autojump_clock: trio.
         assert daemon.fanout.pending_seq(sub) == held.seq  # its cohort has
         await daemon.fanout.flush(sub)  # a goodbye's flush: window or not
         assert daemon.fanout.pending_seq(sub) is None
+
+
+@pytest.fixture
+def sock_path() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="busd-", dir="/tmp"))
+    yield directory / "bus.sock"
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def burst(i: int) -> list[Outgoing[Event]]:
+    return [Outgoing(event=TextDelta(message_id="m", text=f"{i} "), session_id="s1")]
+
+
+async def test_a_burst_that_ends_with_its_own_pass_does_not_wake_the_task() -> None:
+    async with daemon_running() as (daemon, nursery):
+        _, recorder = await member(daemon, nursery, patterns=DELTAS)
+        await trio.testing.wait_all_tasks_blocked()
+        woken = daemon.fanout.statistics().task_wakeups
+        for i in range(10):
+            daemon.publish_frame_and_settle(burst(i), source="t")
+            await trio.testing.wait_all_tasks_blocked()
+        assert daemon.fanout.statistics().task_wakeups == woken
+        assert daemon.accountant.deferred_deltas == 0  # settled: accounted too
+        for i in range(10, 20):  # a pass after the burst, the task woken all the same
+            daemon.publish_frame(burst(i), source="t")
+            daemon.settle()
+            await trio.testing.wait_all_tasks_blocked()
+        assert daemon.fanout.statistics().task_wakeups == woken + 10
+        assert [e.event for e in recorder.events] == [o.event for i in range(20) for o in burst(i)]
+
+
+async def test_a_wake_up_held_back_without_a_pass_comes_at_the_release() -> None:
+    async with daemon_running() as (daemon, nursery):
+        _, recorder = await member(daemon, nursery, patterns=DELTAS)
+        await trio.testing.wait_all_tasks_blocked()
+        daemon.fanout.hold()
+        daemon.publish_frame(burst(0), source="t")
+        await trio.testing.wait_all_tasks_blocked()
+        assert recorder.events == []  # held: nothing woke the task
+        daemon.fanout.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [e.event for e in recorder.events] == [burst(0)[0].event]
+
+
+async def test_a_publisher_s_bursts_over_a_socket_do_not_wake_the_fanout_task(
+    sock_path: Path,
+) -> None:
+    async with (
+        running_daemon(sock_path) as server,
+        connect(sock_path) as frontend,
+        connect(sock_path, role="agent") as agent,
+        frontend.subscribe(list(DELTAS), window_ms=0, deltas="raw") as sub,
+    ):
+        woken = server.daemon.fanout.statistics().task_wakeups
+        for i in range(10):  # one frame a burst, as an agent streaming at its pace
+            await agent.publish(TextDelta(message_id="m", text=f"{i} "), session_id="s1")
+            with trio.fail_after(5):
+                batch = await anext(sub)
+            assert [e.event.text for e in batch.events] == [f"{i} "]  # type: ignore[attr-defined]
+        assert server.daemon.fanout.statistics().task_wakeups == woken
+
+
+async def test_publish_frames_that_came_in_together_go_out_in_one_pass(sock_path: Path) -> None:
+    async with (
+        running_daemon(sock_path) as server,
+        connect(sock_path) as frontend,
+        frontend.subscribe(list(DELTAS), window_ms=0, deltas="raw") as sub,
+    ):
+        agent = await RawClient.open(sock_path, role="agent")
+        await agent.send_bytes(b"".join(encode_frame(Publish(events=burst(i))) for i in range(3)))
+        with trio.fail_after(5):
+            batch = await anext(sub)
+        assert [e.event.text for e in batch.events] == ["0 ", "1 ", "2 "]  # type: ignore[attr-defined]
+        assert server.daemon.fanout.statistics().batches == 1
+        await agent.aclose()
 
 
 async def test_nobody_subscribed_keeps_nothing() -> None:

@@ -430,6 +430,29 @@ def test_one_byte_at_a_time_yields_each_frame_once_complete() -> None:
     assert decoder.buffered == 0
 
 
+def test_complete_says_whether_next_frame_has_something_at_every_byte() -> None:
+    cap = max(len(encode_frame(f)) for f in CLIENT_FRAMES[:6])
+    decoder = client_frame_decoder(CATALOG, max_frame=cap)
+    data = stream_of(CLIENT_FRAMES[:6])
+    data += struct.pack(">I", cap + 1)  # then a prefix over the cap: next_frame raises
+    outcomes = 0
+    for byte in data:
+        decoder.feed(bytes([byte]))
+        while True:
+            complete = decoder.complete
+            try:
+                frame = decoder.next_frame()
+            except ProtocolError:
+                assert complete
+                outcomes += 1
+                break
+            assert complete == (frame is not None)
+            if frame is None:
+                break
+            outcomes += 1
+    assert outcomes == 7
+
+
 def test_every_two_way_split_of_a_stream_yields_the_same_frames() -> None:
     frames = [CLIENT_FRAMES[0], CLIENT_FRAMES[6], Ping(nonce=1), Bye()]
     data = stream_of(frames)

@@ -427,9 +427,12 @@ class Connection:
         start = 0
         while start < len(events):  # checked above: published as they are, deltas as runs
             chunk = events[start : start + _YIELD_EVERY - self._unyielded]
-            self.daemon.publish_frame(chunk, source=self.name)
-            self._unyielded += len(chunk)
             start += len(chunk)
+            if start == len(events) and not self._decoder.complete:  # what came in ends here
+                self.daemon.publish_frame_and_settle(chunk, source=self.name)
+            else:
+                self.daemon.publish_frame(chunk, source=self.name)
+            self._unyielded += len(chunk)
             if self._unyielded >= _YIELD_EVERY:  # counted across frames: small ones add up
                 self._unyielded = 0
                 await self._journal_room()

@@ -98,6 +98,8 @@ class Fanout:
         self._drop = drop
         self._cohorts: dict[Hashable, Cohort[Member]] = {}
         self._pending = False  # appended since the last pass
+        self._held = 0  # callers whose own pass comes before they wait (hold)
+        self._owed = False  # a wake-up held back
         self._wakeup = trio.Event()
         self._sleeping_until = math.inf
         self._in_task = False  # the task's own pass: it sleeps afterwards anyway
@@ -117,7 +119,7 @@ class Fanout:
             return
         if not self._pending:
             self._pending = True
-            self._wakeup.set()
+            self._wake()
         elif len(log) == self._limit:
             self._wakeup.set()
 
@@ -130,9 +132,32 @@ class Fanout:
             return
         if not self._pending:
             self._pending = True
-            self._wakeup.set()
+            self._wake()
         if len(log) >= self._limit > len(log) - len(envelopes):
             self._wakeup.set()
+
+    def _wake(self) -> None:
+        if self._held:
+            self._owed = True
+        else:
+            self._wakeup.set()
+
+    def hold(self) -> None:
+        """Appends do not wake the task until :meth:`release`: the caller passes first.
+
+        A publisher whose burst ends calls :meth:`flush_nowait` itself; the
+        task it would have woken would find nothing (a task switch per
+        burst at a steady rate). Hold only across synchronous code.
+        """
+        self._held += 1
+
+    def release(self) -> None:
+        """End a :meth:`hold`; a wake-up held back that no pass made moot happens now."""
+        self._held -= 1
+        if not self._held and self._owed:
+            self._owed = False
+            if self._pending:
+                self._wakeup.set()
 
     # -- members -----------------------------------------------------------------
 
@@ -192,6 +217,7 @@ class Fanout:
         if not self._pending:
             return
         self._pending = False
+        self._owed = False  # what waits for a window has its deadline below
         log = self.log
         head = log.head_seq
         now = trio.current_time()

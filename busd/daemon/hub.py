@@ -416,6 +416,19 @@ class Daemon:
                 )
                 at += count
 
+    def publish_frame_and_settle(self, events: Sequence[Outgoing[Event]], *, source: str) -> None:
+        """:meth:`publish_frame` for the end of a publisher's burst, then :meth:`settle`.
+
+        The fan-out's task is not woken for these events: the pass is here
+        (at a steady rate, a task switch per burst that would find nothing).
+        """
+        self.fanout.hold()
+        try:
+            self.publish_frame(events, source=source)
+            self.settle()
+        finally:
+            self.fanout.release()
+
     def publish_emitted(
         self, emitted: Emitted, *, source: str, run_id: str | None = None
     ) -> Envelope[Event] | None:

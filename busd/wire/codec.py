@@ -346,6 +346,16 @@ class FrameDecoder(Generic[F]):
         """Bytes received and not yet returned as frames."""
         return len(self._buffer) - self._pos
 
+    @property
+    def complete(self) -> bool:
+        """Whether a whole frame is buffered: :meth:`next_frame` would not return ``None``."""
+        pos = self._pos
+        size = len(self._buffer)
+        if size - pos < 4:
+            return self._fatal is not None and pos == size  # it raises
+        (length,) = _unpack_from(self._buffer, pos)
+        return bool(pos + 4 + length <= size)
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer ``data``; after a fatal error, ignore it (the stream is lost)."""
         if self._fatal is not None:
