@@ -486,6 +486,55 @@ async def test_a_wake_up_held_back_without_a_pass_comes_at_the_release() -> None
         assert [e.event for e in recorder.events] == [burst(0)[0].event]
 
 
+def frame_of(middle: Event, last: Event | None = None) -> list[Outgoing[Event]]:
+    """Deltas, ``middle``, deltas (and ``last``): stretches in one publish frame."""
+
+    def deltas() -> list[Outgoing[Event]]:
+        return [
+            Outgoing(event=TextDelta(message_id="m", text=f"{i} "), session_id="s1")
+            for i in range(3)
+        ]
+
+    tail = [] if last is None else [Outgoing(event=last, session_id="s1")]
+    return [*deltas(), Outgoing(event=middle, session_id="s1"), *deltas(), *tail]
+
+
+async def test_a_burst_goes_out_before_the_bookkeeping_after_the_fan_out() -> None:
+    """One pass, with the frame's last event: the handlers after the fan-out find it all sent."""
+    async with daemon_running() as (daemon, nursery):
+        _, recorder = await member(daemon, nursery, merge=False)
+        await trio.testing.wait_all_tasks_blocked()
+        had: dict[int, int] = {}  # seq -> events the member had when a later handler saw it
+
+        def later(envelope: Envelope[Event]) -> None:
+            had[envelope.seq] = len(recorder.events)
+
+        def later_run(run: list[Envelope[Event]]) -> None:
+            for envelope in run:
+                later(envelope)
+
+        daemon.bus.on_all(later, many=later_run)
+        first = daemon.bus.head_seq + 1
+        daemon.publish_frame_and_settle(frame_of(SessionInfo(message="hi")), source="t")
+        assert had == {first + i: 0 for i in range(4)} | {first + i: 7 for i in range(4, 7)}
+        assert daemon.fanout.statistics().batches == 1
+        assert [e.seq for e in recorder.events] == list(range(first, first + 7))
+
+
+async def test_what_handlers_publish_inside_a_burst_goes_out_once_in_order() -> None:
+    """The daemon answers each session.idle with busd.stats: inside the frame it takes the
+    next seq; after the last event, the settle's pass delivers it."""
+    async with daemon_running() as (daemon, nursery):
+        _, recorder = await member(daemon, nursery, merge=False)
+        await trio.testing.wait_all_tasks_blocked()
+        first = daemon.bus.head_seq + 1
+        daemon.publish_frame_and_settle(frame_of(SessionIdle(), SessionIdle()), source="t")
+        names = [event_type(e.event) for e in recorder.events]
+        assert [e.seq for e in recorder.events] == list(range(first, first + 10))
+        assert [i for i, name in enumerate(names) if name == "busd.stats"] == [4, 9]
+        assert daemon.fanout.statistics().batches == 2  # the burst's pass, then the settle's
+
+
 async def test_a_publisher_s_bursts_over_a_socket_do_not_wake_the_fanout_task(
     sock_path: Path,
 ) -> None:

@@ -100,6 +100,7 @@ class Fanout:
         self._pending = False  # appended since the last pass
         self._held = 0  # callers whose own pass comes before they wait (hold)
         self._owed = False  # a wake-up held back
+        self._pass_with: Event | None = None  # a hold's pass: with the append of this event
         self._wakeup = trio.Event()
         self._sleeping_until = math.inf
         self._in_task = False  # the task's own pass: it sleeps afterwards anyway
@@ -122,6 +123,8 @@ class Fanout:
             self._wake()
         elif len(log) == self._limit:
             self._wakeup.set()
+        if envelope.event is self._pass_with:
+            self._pass_now()
 
     def extend(self, envelopes: list[Envelope[Event]], raws: list[msgspec.Raw]) -> None:
         """:meth:`append` a run at once."""
@@ -135,6 +138,12 @@ class Fanout:
             self._wake()
         if len(log) >= self._limit > len(log) - len(envelopes):
             self._wakeup.set()
+        if envelopes[-1].event is self._pass_with:
+            self._pass_now()
+
+    def _pass_now(self) -> None:
+        self._pass_with = None
+        self.flush_nowait()
 
     def _wake(self) -> None:
         if self._held:
@@ -142,18 +151,26 @@ class Fanout:
         else:
             self._wakeup.set()
 
-    def hold(self) -> None:
+    def hold(self, *, pass_with: Event | None = None) -> None:
         """Appends do not wake the task until :meth:`release`: the caller passes first.
 
         A publisher whose burst ends calls :meth:`flush_nowait` itself; the
         task it would have woken would find nothing (a task switch per
         burst at a steady rate). Hold only across synchronous code.
+        ``pass_with``: the pass comes from the append of this event (the
+        burst's last), before the daemon's handlers after the fan-out's do
+        their bookkeeping: the subscribers read meanwhile. What handlers
+        publish in reply comes after it, and goes out with the next pass.
         """
         self._held += 1
+        if pass_with is not None:
+            self._pass_with = pass_with
 
     def release(self) -> None:
         """End a :meth:`hold`; a wake-up held back that no pass made moot happens now."""
         self._held -= 1
+        if not self._held:
+            self._pass_with = None
         if not self._held and self._owed:
             self._owed = False
             if self._pending:

@@ -420,9 +420,12 @@ class Daemon:
         """:meth:`publish_frame` for the end of a publisher's burst, then :meth:`settle`.
 
         The fan-out's task is not woken for these events: the pass is here
-        (at a steady rate, a task switch per burst that would find nothing).
+        (at a steady rate, a task switch per burst that would find nothing),
+        as soon as the frame's last event is in the fan-out's log: the
+        bookkeeping after it (the journal, sessions, accounting, runs) is
+        not between a publisher and its frontends.
         """
-        self.fanout.hold()
+        self.fanout.hold(pass_with=events[-1].event if events else None)
         try:
             self.publish_frame(events, source=source)
             self.settle()
@@ -493,26 +496,27 @@ class Daemon:
         """:meth:`_on_event` for a run (of one type: deltas), in one call."""
         raws = encode_envelopes(envelopes)
         self.history.extend(envelopes, raws)
+        if isinstance(envelopes[0].event, PermissionRequested):
+            for envelope in envelopes:
+                self.broker.saw_request(cast(PermissionRequested, envelope.event).request_id)
+        self.fanout.extend(envelopes, raws)  # the end of a burst: it goes out here
         journal = self.journal
         if journal is not None:
             for envelope, raw in zip(envelopes, raws, strict=True):
                 journal.append(envelope, raw)
         self.sessions.observe_many(envelopes)
-        if isinstance(envelopes[0].event, PermissionRequested):
-            for envelope in envelopes:
-                self.broker.saw_request(cast(PermissionRequested, envelope.event).request_id)
-        self.fanout.extend(envelopes, raws)
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
+        """Record, deliver, then book-keep: what no frontend waits for comes last."""
         raw = encode_envelope(envelope)
         self.history.append(envelope, raw)
-        if self.journal is not None:
-            self.journal.append(envelope, raw)
-        self.sessions.observe(envelope)
         event = envelope.event
         if isinstance(event, PermissionRequested):
             self.broker.saw_request(event.request_id)
-        self.fanout.append(envelope, raw)
+        self.fanout.append(envelope, raw)  # the end of a burst: it goes out here
+        if self.journal is not None:
+            self.journal.append(envelope, raw)
+        self.sessions.observe(envelope)
 
     def raw(self, envelope: Envelope[Event]) -> msgspec.Raw:
         """The envelope's bytes: those of the replay ring when it is the published one.
