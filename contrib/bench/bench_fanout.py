@@ -285,10 +285,11 @@ def missing(system: str) -> str | None:
     return None
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of the process (every thread), from ``/proc/PID/stat``."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU time of the process (every thread), from ``/proc/PID/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def rss_bytes(pid: int) -> int:
@@ -334,7 +335,10 @@ def measure(
         publisher.go()
         sent = publisher.message(timeout)
         results = [sub.message(timeout) for sub in subs]
-        outcome.cpu_server = cpu_seconds(server.worker.proc.pid) - server_cpu
+        user, kernel = cpu_seconds(server.worker.proc.pid)
+        outcome.cpu_server_user = user - server_cpu[0]
+        outcome.cpu_server_system = kernel - server_cpu[1]
+        outcome.cpu_server = outcome.cpu_server_user + outcome.cpu_server_system
     except BenchError as exc:
         outcome.problem = str(exc)
         return outcome

@@ -32,6 +32,8 @@ class Outcome:
     problem: str = ""
     latencies_ns: list[int] = field(default_factory=list)
     cpu_server: float = 0.0  # CPU seconds during the run
+    cpu_server_user: float = 0.0  # of which in its own code
+    cpu_server_system: float = 0.0  # of which in the kernel (for a broker: mostly copies)
     cpu_publisher: float = 0.0
     cpu_subscribers: list[float] = field(default_factory=list)
 
@@ -143,6 +145,11 @@ def report(
         "(the server column above)\n"
     )
     print(table(*server_cpu_table(variants, counts, throughput)))
+    print(
+        "\nThe same, split: the server's own code (user) and the kernel's work for it "
+        "(system: copying each batch into each subscriber's socket, waking readers)\n"
+    )
+    print(table(*server_split_table(variants, counts, throughput)))
 
     busd_rows = [v for v in variants if v.system == "busd"]
     peers = [v for v in variants if v.system != "busd"]
@@ -230,6 +237,28 @@ def server_cpu_table(
             mine, one = cpu[n], cpu[1]
             cells.append(f"{mine / one:.2f}x" if mine is not None and one else "-")
         rows.append([v.label, *cells])
+    return header, rows
+
+
+def server_split_table(
+    variants: list[Variant], counts: list[int], throughput: dict[tuple[Variant, int], Outcome]
+) -> tuple[list[str], list[list[str]]]:
+    """Per system, user and system CPU µs per event at each count, and each one's ratio to 1."""
+    ratios = [n for n in counts if n != 1] if 1 in counts else []
+    header = ["system", "part", *(f"{n} sub" for n in counts), *(f"{n} / 1" for n in ratios)]
+    rows = []
+    for v in variants:
+        for part in ("user", "system"):
+            cpu: dict[int, float | None] = {}
+            for n in counts:
+                o = throughput.get((v, n))
+                seconds = None if o is None or o.rate is None else getattr(o, f"cpu_server_{part}")
+                cpu[n] = None if seconds is None else seconds / o.events * 1e6  # type: ignore[union-attr]
+            cells = [f"{cpu[n]:.1f}" if cpu[n] is not None else "-" for n in counts]
+            for n in ratios:
+                mine, one = cpu[n], cpu[1]
+                cells.append(f"{mine / one:.2f}x" if mine is not None and one else "-")
+            rows.append([v.label, part, *cells])
     return header, rows
 
 
