@@ -535,6 +535,27 @@ async def test_what_handlers_publish_inside_a_burst_goes_out_once_in_order() -> 
         assert daemon.fanout.statistics().batches == 2  # the burst's pass, then the settle's
 
 
+@pytest.mark.parametrize(
+    "frame", [burst(0), [Outgoing(event=SessionInfo(message="hi"), session_id="s1")]]
+)
+async def test_a_pass_that_raises_inside_the_handler_leaves_the_events_booked(
+    frame: list[Outgoing[Event]],
+) -> None:
+    """The bookkeeping after the pass runs whatever the pass does (a run, and one event)."""
+    async with daemon_running() as (daemon, nursery):
+        await member(daemon, nursery)
+
+        def broken() -> None:
+            raise RuntimeError("the pass failed")
+
+        daemon.fanout.flush_nowait = broken  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):  # the settle's own pass, outside the bus
+            daemon.publish_frame_and_settle(frame, source="t")
+        del daemon.fanout.flush_nowait  # before the task's next pass
+        assert daemon.bus.statistics().handler_errors == 1  # the one inside it: isolated
+        assert daemon.sessions.get("s1") is not None
+
+
 async def test_a_publisher_s_bursts_over_a_socket_do_not_wake_the_fanout_task(
     sock_path: Path,
 ) -> None:

@@ -499,12 +499,14 @@ class Daemon:
         if isinstance(envelopes[0].event, PermissionRequested):
             for envelope in envelopes:
                 self.broker.saw_request(cast(PermissionRequested, envelope.event).request_id)
-        self.fanout.extend(envelopes, raws)  # the end of a burst: it goes out here
-        journal = self.journal
-        if journal is not None:
-            for envelope, raw in zip(envelopes, raws, strict=True):
-                journal.append(envelope, raw)
-        self.sessions.observe_many(envelopes)
+        try:
+            self.fanout.extend(envelopes, raws)  # the end of a burst: it goes out here
+        finally:  # whatever the pass did: journaled and counted all the same
+            journal = self.journal
+            if journal is not None:
+                for envelope, raw in zip(envelopes, raws, strict=True):
+                    journal.append(envelope, raw)
+            self.sessions.observe_many(envelopes)
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
         """Record, deliver, then book-keep: what no frontend waits for comes last."""
@@ -513,10 +515,12 @@ class Daemon:
         event = envelope.event
         if isinstance(event, PermissionRequested):
             self.broker.saw_request(event.request_id)
-        self.fanout.append(envelope, raw)  # the end of a burst: it goes out here
-        if self.journal is not None:
-            self.journal.append(envelope, raw)
-        self.sessions.observe(envelope)
+        try:
+            self.fanout.append(envelope, raw)  # the end of a burst: it goes out here
+        finally:  # whatever the pass did: journaled and counted all the same
+            if self.journal is not None:
+                self.journal.append(envelope, raw)
+            self.sessions.observe(envelope)
 
     def raw(self, envelope: Envelope[Event]) -> msgspec.Raw:
         """The envelope's bytes: those of the replay ring when it is the published one.
