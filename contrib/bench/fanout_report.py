@@ -175,9 +175,11 @@ def report(
             outcome = latency[v]
             values = sorted(outcome.latencies_ns)
             if outcome.problem or not values:
-                lat_rows.append([v.label, *"-----", outcome.problem or "no data"])
+                lat_rows.append([v.label, *"------", outcome.problem or "no data"])
                 continue
             p50, p99 = percentile(values, 0.50), percentile(values, 0.99)
+            # What the processes share the cores with: at a steady rate, the latency's queue.
+            everyone = outcome.cpu_server + outcome.cpu_publisher + sum(outcome.cpu_subscribers)
             lat_rows.append(
                 [
                     v.label,
@@ -187,11 +189,12 @@ def report(
                     f"{outcome.cpu_server / outcome.events * 1e6:.1f}",
                     f"{outcome.cpu_publisher / outcome.events * 1e6:.1f}",
                     f"{mean(outcome.cpu_subscribers) / outcome.events * 1e6:.1f}",
+                    f"{everyone / outcome.events * 1e6:.1f}",
                     "ok",
                 ]
             )
         header = ["system", "p50 ms", "p99 ms", "max ms"]
-        header += ["CPU us/event: server", "publisher", "one subscriber", "delivery"]
+        header += ["CPU us/event: server", "publisher", "one subscriber", "all", "delivery"]
         print(table(header, lat_rows))
 
     if idle is not None:
