@@ -1,6 +1,6 @@
 """Would compiling busd's sans-I/O hot modules with mypyc pay? Measure it, same command.
 
-    .venv/bin/python contrib/bench/bench_mypyc.py [--modules busd/core/sessions.py ...]
+    .venv/bin/python contrib/bench/bench_mypyc.py [--modules busd/core/sessions.py ...] [--steady]
 
 Copies ``busd`` to a temporary directory, compiles the given modules there
 with mypyc (it comes with mypy; it needs a C compiler and the Python
@@ -139,7 +139,7 @@ def compile_tree(modules: list[str], into: Path) -> None:
     )
 
 
-def daemon_us(pythonpath: Path | None, subscribers: int, events: int) -> float:
+def daemon_us(pythonpath: Path | None, subscribers: int, events: int, steady: list[str]) -> float:
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
@@ -154,6 +154,7 @@ def daemon_us(pythonpath: Path | None, subscribers: int, events: int) -> float:
             "--repeat",
             "2",
             "--no-journal",
+            *steady,
         ],
         env=env,
         check=True,
@@ -172,17 +173,24 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=4)
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="publish frames of 5 events to window-0 subscribers (the steady rate's path)",
+    )
     args = parser.parse_args()
+    steady = ["--per-frame", "5", "--window-ms", "0"] if args.steady else []
     with tempfile.TemporaryDirectory(prefix="busd-mypyc-") as tmp:
         started = time.monotonic()
         compile_tree(args.modules, Path(tmp))
         print(f"compiled {len(args.modules)} modules in {time.monotonic() - started:.0f} s")
         pure, compiled = [], []
         for _ in range(args.rounds):
-            pure.append(daemon_us(None, args.subscribers, args.events))
-            compiled.append(daemon_us(Path(tmp), args.subscribers, args.events))
+            pure.append(daemon_us(None, args.subscribers, args.events, steady))
+            compiled.append(daemon_us(Path(tmp), args.subscribers, args.events, steady))
+        shape = "frames of 5, window 0" if args.steady else "frames of 256, window 16 ms"
         print(
-            f"daemon, {args.subscribers} subscribers, journal off: pure Python "
+            f"daemon, {args.subscribers} subscribers, {shape}, journal off: pure Python "
             f"{min(pure):.2f} us/event, with mypyc {min(compiled):.2f} us/event "
             f"({min(pure) / min(compiled):.2f}x)"
         )
