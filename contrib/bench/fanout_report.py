@@ -238,50 +238,60 @@ def report(
         print(f"- {line}")
 
 
-def server_cpu(outcome: Outcome | None) -> float | None:
-    """The server's CPU µs per event in a complete run, else ``None``."""
+def server_cpu(outcome: Outcome | None, part: str = "cpu_server") -> float | None:
+    """The server's CPU µs per event in a complete run, else ``None``.
+
+    ``part``: the :class:`Outcome` field, all of it or its user or system time.
+    """
     if outcome is None or outcome.rate is None:
         return None
-    return outcome.cpu_server / outcome.events * 1e6
+    seconds: float = getattr(outcome, part)
+    return seconds / outcome.events * 1e6
+
+
+def _against_counts(cpu: dict[int, float | None], counts: list[int]) -> list[str]:
+    """The figure at each count, then each count's ratio to its figure at 1 (if 1 was run)."""
+    cells = [f"{cpu[n]:.1f}" if cpu[n] is not None else "-" for n in counts]
+    for n in counts if 1 in counts else []:
+        if n != 1:
+            mine, one = cpu[n], cpu[1]
+            cells.append(f"{mine / one:.2f}x" if mine is not None and one else "-")
+    return cells
+
+
+def _count_header(counts: list[int]) -> list[str]:
+    ratios = [f"{n} / 1" for n in counts if n != 1] if 1 in counts else []
+    return [*(f"{n} sub" for n in counts), *ratios]
 
 
 def server_cpu_table(
     variants: list[Variant], counts: list[int], throughput: dict[tuple[Variant, int], Outcome]
 ) -> tuple[list[str], list[list[str]]]:
     """Per system, the server's CPU per event at each count, and each count's ratio to 1."""
-    ratios = [n for n in counts if n != 1] if 1 in counts else []
-    header = ["system", *(f"{n} sub" for n in counts), *(f"{n} / 1" for n in ratios)]
-    rows = []
-    for v in variants:
-        cpu = {n: server_cpu(throughput.get((v, n))) for n in counts}
-        cells = [f"{cpu[n]:.1f}" if cpu[n] is not None else "-" for n in counts]
-        for n in ratios:
-            mine, one = cpu[n], cpu[1]
-            cells.append(f"{mine / one:.2f}x" if mine is not None and one else "-")
-        rows.append([v.label, *cells])
-    return header, rows
+    rows = [
+        [v.label, *_against_counts({n: server_cpu(throughput.get((v, n))) for n in counts}, counts)]
+        for v in variants
+    ]
+    return ["system", *_count_header(counts)], rows
 
 
 def server_split_table(
     variants: list[Variant], counts: list[int], throughput: dict[tuple[Variant, int], Outcome]
 ) -> tuple[list[str], list[list[str]]]:
-    """Per system, user and system CPU µs per event at each count, and each one's ratio to 1."""
-    ratios = [n for n in counts if n != 1] if 1 in counts else []
-    header = ["system", "part", *(f"{n} sub" for n in counts), *(f"{n} / 1" for n in ratios)]
-    rows = []
-    for v in variants:
-        for part in ("user", "system"):
-            cpu: dict[int, float | None] = {}
-            for n in counts:
-                o = throughput.get((v, n))
-                seconds = None if o is None or o.rate is None else getattr(o, f"cpu_server_{part}")
-                cpu[n] = None if seconds is None else seconds / o.events * 1e6  # type: ignore[union-attr]
-            cells = [f"{cpu[n]:.1f}" if cpu[n] is not None else "-" for n in counts]
-            for n in ratios:
-                mine, one = cpu[n], cpu[1]
-                cells.append(f"{mine / one:.2f}x" if mine is not None and one else "-")
-            rows.append([v.label, part, *cells])
-    return header, rows
+    """:func:`server_cpu_table` in two rows per system: user time, then system time."""
+    rows = [
+        [
+            v.label,
+            part,
+            *_against_counts(
+                {n: server_cpu(throughput.get((v, n)), f"cpu_server_{part}") for n in counts},
+                counts,
+            ),
+        ]
+        for v in variants
+        for part in ("user", "system")
+    ]
+    return ["system", "part", *_count_header(counts)], rows
 
 
 CPU_GROWTH = 1.3  # the daemon's CPU per event at 16 subscribers, at most this times that at 1
