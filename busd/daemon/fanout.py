@@ -169,9 +169,10 @@ class Fanout:
     def release(self) -> None:
         """End a :meth:`hold`; a wake-up held back that no pass made moot happens now."""
         self._held -= 1
-        if not self._held:
-            self._pass_with = None
-        if not self._held and self._owed:
+        if self._held:
+            return
+        self._pass_with = None
+        if self._owed:
             self._owed = False
             if self._pending:
                 self._wakeup.set()

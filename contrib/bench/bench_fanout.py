@@ -423,9 +423,11 @@ def main() -> None:
     events = args.events or (20_000 if args.quick else 200_000)
     latency_events = args.latency_events or int(args.latency_rate * (0.5 if args.quick else 2.0))
     latency_subs = args.latency_subscribers
-    latency_rounds = args.latency_rounds or (1 if args.quick else 3)
+    latency_rounds = args.latency_rounds
+    if latency_rounds is None:
+        latency_rounds = 1 if args.quick else 3
     counts = sorted(set(args.subscribers))
-    if counts[0] < 1 or latency_subs < 1 or events < 1 or args.repeat < 1:
+    if min(counts[0], latency_subs, events, args.repeat, latency_rounds) < 1:
         parser.error("event, subscriber and round counts must be at least 1")
     if not args.latency_rate > 0:
         parser.error("--latency-rate must be a rate above 0 events/s")

@@ -91,9 +91,10 @@ def median_p99(outcomes: list[Outcome]) -> Outcome:
     failed = [o for o in outcomes if o.problem or not o.latencies_ns]
     if failed:
         return failed[0]
-    by_p99 = sorted(outcomes, key=lambda o: percentile(sorted(o.latencies_ns), 0.99))
-    chosen = by_p99[(len(by_p99) - 1) // 2]
-    chosen.round_p99s_ns = [percentile(sorted(o.latencies_ns), 0.99) for o in outcomes]
+    p99s = [percentile(sorted(o.latencies_ns), 0.99) for o in outcomes]
+    median = sorted(range(len(outcomes)), key=p99s.__getitem__)[(len(outcomes) - 1) // 2]
+    chosen = outcomes[median]
+    chosen.round_p99s_ns = p99s
     return chosen
 
 
