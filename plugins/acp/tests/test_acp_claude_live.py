@@ -366,12 +366,20 @@ async def test_a_continued_claude_agent_acp_session_remembers_and_adds_up_its_ru
     assert _some_of(standin.served[served_first:], second.usage)
     # Its cost: after the load the agent's cost is the session's, run 1's included
     # (priced by Claude Code as busd's table does, its title call too, which its
-    # model_usage leaves out). The daemon takes it as the session's, so each run's
-    # share is the price of some of the calls served for it, its answer among them
-    # (which side calls the agent had counted when it last reported races, as above).
+    # model_usage leaves out). The daemon takes it as the session's, so run 1's share
+    # is the price of some of its calls, its answer among them (which side calls the
+    # agent had counted when it last reported races, as above), and run 2's is the
+    # price of some of its own calls, its answer among them, and of the run-1 calls
+    # run 1's share left out: a side call still streaming when run 1 reported is in
+    # the loaded session's cost, so it lands in run 2's share, once.
     assert second.usage.cost_usd is not None
-    assert _priced_some_of(standin.served[:served_first], first.usage.cost_usd)
-    assert _priced_some_of(standin.served[served_first:], second.usage.cost_usd)
+    run1 = _priced_calls(standin.served[:served_first], first.usage.cost_usd)
+    assert run1 is not None
+    late = [call for call in standin.served[:served_first] if call not in run1]
+    run2 = _priced_calls(
+        late + standin.served[served_first:], second.usage.cost_usd, answer_after=served_first
+    )
+    assert run2 is not None
     # The session's totals are the sum of its runs (bug 1's rule), the cost too.
     snapshot = frontend.daemon.sessions.snapshot(session_id)
     assert snapshot is not None
@@ -382,13 +390,22 @@ async def test_a_continued_claude_agent_acp_session_remembers_and_adds_up_its_ru
     )
 
 
-def _priced_some_of(served: list[Any], cost: float | None) -> bool:
-    """Whether ``cost`` is busd's price of some of the ``served`` calls, an answer among them."""
-    return cost is not None and any(
-        math.isclose(sum(cost_usd(c.model, _tokens(c.usage)) or 0.0 for c in calls), cost)
-        for size in range(1, len(served) + 1)
-        for calls in itertools.combinations(served, size)
-        if any(call.kind == "answer" for call in calls)
+def _priced_calls(
+    served: list[Any], cost: float | None, *, answer_after: int = 0
+) -> tuple[Any, ...] | None:
+    """Which of the ``served`` calls ``cost`` is busd's price of, an answer numbered above
+    ``answer_after`` among them (every call's usage is distinct, so one set fits)."""
+    if cost is None:
+        return None
+    return next(
+        (
+            calls
+            for size in range(1, len(served) + 1)
+            for calls in itertools.combinations(served, size)
+            if any(call.kind == "answer" and call.n > answer_after for call in calls)
+            and math.isclose(sum(cost_usd(c.model, _tokens(c.usage)) or 0.0 for c in calls), cost)
+        ),
+        None,
     )
 
 
