@@ -204,7 +204,9 @@ def report(
                     f"{p50 / 1e6:.2f}",
                     f"{p99 / 1e6:.2f}",
                     f"{values[-1] / 1e6:.2f}",
-                    f"{outcome.cpu_server / outcome.events * 1e6:.1f}",
+                    f"{outcome.cpu_server / outcome.events * 1e6:.1f}"
+                    f" ({outcome.cpu_server_user / outcome.events * 1e6:.0f}"
+                    f" + {outcome.cpu_server_system / outcome.events * 1e6:.0f})",
                     f"{outcome.cpu_publisher / outcome.events * 1e6:.1f}",
                     f"{mean(outcome.cpu_subscribers) / outcome.events * 1e6:.1f}",
                     f"{everyone / outcome.events * 1e6:.1f}",
@@ -213,7 +215,13 @@ def report(
                 ]
             )
         header = ["system", "p50 ms", "p99 ms", "max ms"]
-        header += ["CPU us/event: server", "publisher", "one subscriber", "all", "delivery"]
+        header += [
+            "CPU us/event: server (user + system)",
+            "publisher",
+            "one subscriber",
+            "all",
+            "delivery",
+        ]
         header += ["p99 of each round"]
         print(table(header, lat_rows))
 
