@@ -28,7 +28,7 @@ import itertools
 import json
 import math
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -360,8 +360,9 @@ async def test_a_continued_claude_agent_acp_session_remembers_and_adds_up_its_ru
     assert standin_module.ANSWER in later
     # Each run counts its own calls: claude-agent-acp's model_usage holds its answer
     # and some of the side calls racing with it (after a load, not the title), so the
-    # counts are the sum of some of the run's calls, the answer among them (every
-    # call's usage is distinct, so only the calls counted can add up to them).
+    # counts are the sum of some of the run's calls, the answer among them (a call's
+    # usage grows with its number: the sum says how many were counted and their numbers'
+    # total).
     assert _some_of(standin.served[:served_first], first.usage)
     assert _some_of(standin.served[served_first:], second.usage)
     # Its cost: after the load the agent's cost is the session's, run 1's included
@@ -373,13 +374,12 @@ async def test_a_continued_claude_agent_acp_session_remembers_and_adds_up_its_ru
     # run 1's share left out: a side call still streaming when run 1 reported is in
     # the loaded session's cost, so it lands in run 2's share, once.
     assert second.usage.cost_usd is not None
-    run1 = _priced_calls(standin.served[:served_first], first.usage.cost_usd)
-    assert run1 is not None
-    late = [call for call in standin.served[:served_first] if call not in run1]
-    run2 = _priced_calls(
-        late + standin.served[served_first:], second.usage.cost_usd, answer_after=served_first
+    before, after = standin.served[:served_first], standin.served[served_first:]
+    assert any(
+        next(_priced(late + after, second.usage.cost_usd, answer_after=served_first), None)
+        for run1 in _priced(before, first.usage.cost_usd)
+        for late in [[call for call in before if call not in run1]]
     )
-    assert run2 is not None
     # The session's totals are the sum of its runs (bug 1's rule), the cost too.
     snapshot = frontend.daemon.sessions.snapshot(session_id)
     assert snapshot is not None
@@ -390,23 +390,20 @@ async def test_a_continued_claude_agent_acp_session_remembers_and_adds_up_its_ru
     )
 
 
-def _priced_calls(
+def _priced(
     served: list[Any], cost: float | None, *, answer_after: int = 0
-) -> tuple[Any, ...] | None:
-    """Which of the ``served`` calls ``cost`` is busd's price of, an answer numbered above
-    ``answer_after`` among them (every call's usage is distinct, so one set fits)."""
+) -> Iterator[tuple[Any, ...]]:
+    """Each set of the ``served`` calls whose price in busd's table is ``cost``, an answer
+    numbered above ``answer_after`` among them (calls of the same count and number sum
+    cost the same, so several sets can fit)."""
     if cost is None:
-        return None
-    return next(
-        (
-            calls
-            for size in range(1, len(served) + 1)
-            for calls in itertools.combinations(served, size)
-            if any(call.kind == "answer" and call.n > answer_after for call in calls)
-            and math.isclose(sum(cost_usd(c.model, _tokens(c.usage)) or 0.0 for c in calls), cost)
-        ),
-        None,
-    )
+        return
+    for size in range(1, len(served) + 1):
+        for calls in itertools.combinations(served, size):
+            if any(call.kind == "answer" and call.n > answer_after for call in calls) and (
+                math.isclose(sum(cost_usd(c.model, _tokens(c.usage)) or 0.0 for c in calls), cost)
+            ):
+                yield calls
 
 
 def _some_of(served: list[Any], usage: TokenUsage) -> bool:
