@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -79,6 +80,18 @@ async def test_serve_listens_with_private_permissions_and_reports_status(sock_pa
         assert status["clients"] == 1
 
 
+async def test_serve_leaves_its_startup_heap_out_of_garbage_collection(sock_path: Path) -> None:
+    async with serving(sock_path, "--no-journal"):
+        frozen = (await _status(sock_path))["gc"]
+    async with serving(sock_path, "--no-journal", "--no-gc-freeze"):
+        unfrozen = (await _status(sock_path))["gc"]
+    # The imports, plugins and daemon: tens of thousands of objects a full collection skips.
+    assert frozen["frozen"] > 10_000
+    assert unfrozen["frozen"] == 0
+    for gc in (frozen, unfrozen):
+        assert len(gc["collections"]) == len(gc["pause_ms_longest"]) == 3
+
+
 async def test_tail_processes_with_different_filters_each_get_exactly_their_events(
     sock_path: Path,
 ) -> None:
@@ -139,9 +152,9 @@ async def test_tail_processes_with_different_filters_each_get_exactly_their_even
     assert text == "".join(f"{i} " for i in range(count) if i % 4)
 
 
-async def _status(path: Path) -> dict[str, int]:
+async def _status(path: Path) -> dict[str, Any]:
     result = await busd("status", "--json", "--socket", str(path), check=True)
-    status: dict[str, int] = json.loads(result.stdout)
+    status: dict[str, Any] = json.loads(result.stdout)
     return status
 
 

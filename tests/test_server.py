@@ -671,6 +671,46 @@ async def test_a_client_cancelled_mid_connection_closes_its_socket(tmp_path: Pat
         assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
 
 
+async def test_a_connection_that_ends_leaves_nothing_for_the_collector(tmp_path: Path) -> None:
+    """Its objects go when it does (reference counting), not at the next collection.
+
+    A full collection walks the whole heap and stops the daemon meanwhile;
+    frontends that come and go all day should not feed it.
+    """
+    path = tmp_path / "bus.sock"
+
+    async def visit(k: int) -> None:  # publishes, asks, subscribes twice, and leaves
+        async with connect(path, client=f"visitor-{k}", role="agent") as client:
+            async with client.subscribe(["stream.>"], window_ms=0) as sub:
+                await client.publish(TextDelta(message_id="m", text="hi"), session_id="s", ack=True)
+                assert (await anext(sub)).events
+            async with client.subscribe(sessions=["s"]):
+                await client.request(Status())
+
+    async with running_daemon(path):
+        await visit(0)  # the first connection makes what every later one reuses
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for k in range(1, 4):
+                await visit(k)
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            left = sorted({type(o).__qualname__ for o in gc.garbage if _of_busd_daemon(o)})
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert left == []
+
+
+def _of_busd_daemon(o: object) -> bool:
+    return type(o).__module__.startswith("busd.daemon") or getattr(o, "__module__", "") in (
+        "busd.daemon.connection"  # its closures
+    )
+
+
 # -- a burst is settled before the daemon reads on -------------------------------
 
 

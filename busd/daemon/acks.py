@@ -20,6 +20,7 @@ import trio
 from ..wire import NOT_JOURNALED, TOO_MANY_REQUESTS, ErrorInfo, Ingest, Publish, Reply
 from .hub import Daemon
 from .journal import Journal, NotJournaled, Published
+from .outbox import ignore, start_nothing
 
 __all__ = ["Acks"]
 
@@ -41,6 +42,11 @@ class Acks:
         self._waiting = 0
         self._answered = trio.Event()  # set whenever no ack waits
         self._answered.set()
+
+    def detach(self) -> None:
+        """The connection is over: keep none of its methods (a cycle left to the collector)."""
+        self._queue = ignore
+        self._start = start_nothing
 
     async def around(self, frame: Publish[Any], publish: Coroutine[Any, Any, None]) -> None:
         """Await ``publish`` (the frame's publishing), note the seqs it made, answer its ``ack``."""

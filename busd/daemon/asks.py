@@ -20,6 +20,7 @@ from ..core.events import PermissionRequested
 from ..wire import TOO_MANY_REQUESTS, AskPermission, ErrorInfo, Reply, Right, Role
 from ..wire.results import AskPermissionResult
 from .hub import Daemon
+from .outbox import ignore, start_nothing
 
 __all__ = ["Asks"]
 
@@ -38,6 +39,11 @@ class Asks:
         self._start = start  # the connection's: a guarded task in its scope; False if none
         self.open = 0
         """Requests waiting for their decision (at most ``max_requests``)."""
+
+    def detach(self) -> None:
+        """The connection is over: keep none of its methods (a cycle left to the collector)."""
+        self._queue = ignore
+        self._start = start_nothing
 
     def ask(self, request_id: int, ask: AskPermission, *, source: str, rights: Set[Right]) -> None:
         """Publish ``ask`` as a request of connection ``source``; reply when it is decided."""

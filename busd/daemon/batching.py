@@ -374,8 +374,19 @@ class BatchDispatcher:
             self._stopped(_State.CLOSED)
             if self._state is not _State.BROKEN:  # broken, it was not delivered: pending_seq
                 self._inflight_first = None
+            self._forget_senders()
             self._done.set()
             self._progress.unpark_all()
+
+    def _forget_senders(self) -> None:
+        """Nothing is sent any more: drop the owner's callbacks.
+
+        They are usually closures over the subscription that holds this
+        dispatcher; kept, the pair would be a cycle only the garbage
+        collector frees.
+        """
+        self._send = _send_nowhere
+        self._send_shared = None
 
     def _stopped(self, state: _State) -> None:
         """The loop ended: a dispatcher that was still delivering becomes ``state``."""
@@ -474,6 +485,7 @@ class BatchDispatcher:
                     await self._close_without_loop()
                 finally:
                     self._state = _State.CLOSED
+                    self._forget_senders()
                     self._done.set()
                     self._progress.unpark_all()
                 return
@@ -500,6 +512,7 @@ class BatchDispatcher:
         self._state = _State.CLOSED
         self._ready = None
         self._acc.clear()
+        self._forget_senders()
         self._scope.cancel()
         if not self._ran:
             self._done.set()
@@ -533,6 +546,10 @@ class BatchDispatcher:
             dropped=0 if overflow is None else overflow.dropped,
             accumulator=self._acc.statistics(),
         )
+
+
+async def _send_nowhere(batch: list[Envelope[Event]]) -> None:
+    """The send of a dispatcher that sends nothing any more."""
 
 
 def _first_seq(acc: Accumulator) -> int:

@@ -86,9 +86,9 @@ from .fanout import shared_parts
 from .hub import Daemon, Resume, Subscription
 from .ingests import Ingests
 from .journal import JournalSpan, Missing
-from .outbox import Out, Outbox
+from .outbox import Out, Outbox, close_gracefully
 
-__all__ = ["Connection", "close_gracefully"]
+__all__ = ["Connection"]
 
 logger = logging.getLogger("busd.connection")
 
@@ -101,24 +101,6 @@ _FLUSH_TIMEOUT = 1.0  # how long a goodbye waits for the subscriptions to flush
 
 def _sorted(sessions: frozenset[str] | None) -> list[str] | None:
     return None if sessions is None else sorted(sessions)
-
-
-async def close_gracefully(stream: trio.abc.Stream) -> None:
-    """Half-close, drain what the peer still sends, then close.
-
-    Closing a Unix socket with unread bytes in it makes the kernel reset the
-    connection, and the peer may lose the last frames we wrote (the error
-    that says why it is being closed). The drain is bounded (one second).
-    """
-    with trio.move_on_after(_GOODBYE_TIMEOUT):
-        try:
-            if isinstance(stream, trio.abc.HalfCloseableStream):
-                await stream.send_eof()
-            while await stream.receive_some(_RECEIVE):
-                pass
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-    await trio.aclose_forcefully(stream)
 
 
 class Connection:
@@ -184,7 +166,9 @@ class Connection:
             if self._nursery is None:  # no writer yet: say it directly
                 await self._send_now(self._goodbye(INTERNAL_ERROR))
         finally:
-            self._outbox.forget_fd()  # the descriptor is about to be closed (and maybe reused)
+            self._outbox.detach()  # the descriptor is about to be closed (and maybe reused)
+            self._acks.detach()  # their tasks ended with the nursery
+            self._asks.detach()
             self.in_handshake = False
             self._ingests.finish(name=self.name, failed=self._failed)
             for sub in self._subs.values():

@@ -68,6 +68,7 @@ from ..wire import (
 from .accounting import AccountingService
 from .broker import DEFAULT_PERMISSION_TIMEOUT, PermissionBroker
 from .fanout import Fanout, Member
+from .gcwatch import GcWatch
 from .journal import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_PENDING,
@@ -245,6 +246,8 @@ class Daemon:
         self._next_client_id = 0
         self._rate: deque[tuple[int, int]] = deque(maxlen=11)  # (second, head seq)
         self.counters = _Counters()
+        self.gc = GcWatch()
+        """The collector's pauses while :meth:`run` runs (``status``'s ``gc``)."""
         self.bus.on_all(self._on_event, many=self._on_events)
         self._nursery: trio.Nursery | None = None
 
@@ -288,19 +291,20 @@ class Daemon:
         for failure in (*self._startup_failures, *self.plugins.failures):
             self._plugin_failed(failure)
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                if self.journal is not None:
-                    await nursery.start(self.journal.run)
-                await nursery.start(self._accounting.run)
-                await nursery.start(self.fanout.run)
-                for name, service in self.plugins.services(self):
-                    nursery.start_soon(
-                        partial(supervise, name, service, on_failure=self._service_failed)
-                    )
-                self.plugins.startup(self)
-                task_status.started()
-                await trio.sleep_forever()
+            with self.gc:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    if self.journal is not None:
+                        await nursery.start(self.journal.run)
+                    await nursery.start(self._accounting.run)
+                    await nursery.start(self.fanout.run)
+                    for name, service in self.plugins.services(self):
+                        nursery.start_soon(
+                            partial(supervise, name, service, on_failure=self._service_failed)
+                        )
+                    self.plugins.startup(self)
+                    task_status.started()
+                    await trio.sleep_forever()
         finally:
             try:
                 self.plugins.shutdown(self)
@@ -649,6 +653,7 @@ class Daemon:
             "roles": {role: sorted(rights) for role, rights in self.config.grants.items()},
             "handler_errors": bus.handler_errors,
             "history": msgspec.to_builtins(self.history.statistics()),
+            "gc": msgspec.to_builtins(self.gc.statistics()),
             "journal": None if self.journal is None else self.journal.statistics(),
             "adapters": sorted(self.adapters),
             "drivers": sorted(self.runs.drivers),

@@ -27,6 +27,7 @@ from ..core.events import ToolComplete, ToolStart, UserPrompt
 from ..plugins.adapters import Emitted, Translator
 from ..wire import FORBIDDEN, UNKNOWN_SDK, Error, Frame, Ingest
 from .hub import Daemon
+from .outbox import ignore
 
 __all__ = ["TOOL_CALLS_KEPT", "Ingests", "ToolCallsSeen"]
 
@@ -118,7 +119,11 @@ class Ingests:
             self._daemon.publish_emitted(emitted, source=source)
 
     def finish(self, *, name: str, failed: Callable[[Exception, str], None]) -> None:
-        """A connection that ends mid-stream still gets its streams finished."""
+        """A connection that ends mid-stream still gets its streams finished.
+
+        It is over: its ``queue`` (a cycle left to the collector) is dropped.
+        """
+        self._queue = ignore
         now = trio.current_time()
         translators, self._translators = self._translators, {}
         for (sdk, _), translator in translators.items():

@@ -8,21 +8,24 @@ queued, a frame is written to the socket at once (non-blocking) instead of
 waking it. Events frames wait for room under the cap (:meth:`Outbox.room`);
 replies and errors do not, and past a hard cap the owner is told its client
 does not read (``on_overflow``). Each events frame remembers the resume
-point that holds if it is never delivered.
+point that holds if it is never delivered. :func:`close_gracefully` ends
+the stream without losing the last frames.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
 
-__all__ = ["Out", "Outbox"]
+__all__ = ["Out", "Outbox", "close_gracefully", "ignore", "start_nothing"]
 
 _IOV_MAX = 1024  # pieces one sendmsg takes (Linux's IOV_MAX)
+_CLOSE_TIMEOUT = 1.0  # how long a closing socket may take to drain what its peer still sends
+_DRAIN_CHUNK = 65_536
 
 
 @dataclass(slots=True)
@@ -50,6 +53,15 @@ class Out:
         # A view, not a copy: a big shared array half written to a full socket
         # would otherwise be copied once per subscriber that is behind.
         return Out(b"", self.since, self.reply, True, memoryview(self.tail)[written - head :])
+
+
+def ignore(*args: object, **kwargs: object) -> None:
+    """The callback of a connection's part once the connection is over (``detach``)."""
+
+
+def start_nothing(task: Callable[[], Awaitable[object]], what: str) -> bool:
+    """A detached part's ``start``: the connection has no scope for tasks any more."""
+    return False
 
 
 class Outbox:
@@ -154,9 +166,15 @@ class Outbox:
         self._ready.set()
         self._progress.set()
 
-    def forget_fd(self) -> None:
-        """The descriptor is about to be closed (and maybe reused): no more write-through."""
+    def detach(self) -> None:
+        """The connection is over: no more write-through, no more callbacks.
+
+        Its descriptor is about to be closed (and maybe reused); its callbacks
+        are the connection's methods, a cycle only the garbage collector
+        would free otherwise.
+        """
         self._fd = None
+        self._on_overflow = self._on_broken = ignore
 
     def _broke(self) -> None:
         if not self.closing:
@@ -215,3 +233,21 @@ class Outbox:
                 self._progress.set()
         finally:
             self.done.set()
+
+
+async def close_gracefully(stream: trio.abc.Stream) -> None:
+    """Half-close, drain what the peer still sends, then close.
+
+    Closing a Unix socket with unread bytes in it makes the kernel reset the
+    connection, and the peer may lose the last frames we wrote (the error
+    that says why it is being closed). The drain is bounded (one second).
+    """
+    with trio.move_on_after(_CLOSE_TIMEOUT):
+        try:
+            if isinstance(stream, trio.abc.HalfCloseableStream):
+                await stream.send_eof()
+            while await stream.receive_some(_DRAIN_CHUNK):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    await trio.aclose_forcefully(stream)

@@ -29,9 +29,10 @@ import trio
 from ..wire import FORBIDDEN, SHUTDOWN, Error, encode_frame
 from ..wire.address import peer_allowed, peer_credentials
 from . import systemd
-from .connection import Connection, close_gracefully
+from .connection import Connection
 from .endpoint import Endpoint
 from .hub import Daemon
+from .outbox import close_gracefully
 
 __all__ = ["Server", "serve"]
 

@@ -22,6 +22,7 @@ __all__ = [
     "RESULTS",
     "AckResult",
     "AskPermissionResult",
+    "GcStatistics",
     "RunSummary",
     "StartedRun",
     "StatusResult",
@@ -30,6 +31,20 @@ __all__ = [
 
 class _Result(msgspec.Struct, frozen=True, kw_only=True):
     """A result map: every key the daemon sends is listed (tests hold it to that)."""
+
+
+class GcStatistics(_Result, frozen=True):
+    """What Python's cyclic garbage collector did since the daemon started.
+
+    A collection stops the whole daemon; docs/operations.md, "Garbage collection".
+    """
+
+    collections: tuple[int, int, int]
+    """Per generation: young, middle, full."""
+    pause_ms_total: tuple[float, float, float]
+    pause_ms_longest: tuple[float, float, float]
+    frozen: int
+    """Objects no collection walks (``busd serve`` freezes its startup heap)."""
 
 
 class StatusResult(_Result, frozen=True):
@@ -63,6 +78,7 @@ class StatusResult(_Result, frozen=True):
     handler_errors: int
     history: dict[str, Any]
     """The replay ring's statistics (held, capacity, appended, evicted, ...)."""
+    gc: GcStatistics
     journal: dict[str, Any] | None
     """``null`` without a journal; else docs/journal.md, "Status"."""
     adapters: list[str]

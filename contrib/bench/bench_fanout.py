@@ -226,6 +226,7 @@ def start_server(
     name: str | None = None,
     busd_command: Sequence[str] = (PYTHON, "-m", "busd"),
     journal: bool = False,
+    busd_args: Sequence[str] = (),
 ) -> Server:
     name = name or system
     if system == "busd":
@@ -238,6 +239,7 @@ def start_server(
         argv += ["--journal", str(tmp / f"{name}.sqlite3")] if journal else ["--no-journal"]
         if outbound_cap is not None:
             argv += ["--outbound-cap", str(outbound_cap)]
+        argv += busd_args
         worker = procs.start(name, argv, server=True)
         _wait_connectable(socket.AF_UNIX, str(path), worker)
         return Server(system, str(path), worker)
