@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from types import TracebackType
 
 from ..wire.results import GcStatistics
 
@@ -36,12 +35,7 @@ class GcWatch:
         gc.callbacks.append(self._observe)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         gc.callbacks.remove(self._observe)
 
     def _observe(self, phase: str, info: dict[str, int]) -> None:
