@@ -251,10 +251,12 @@ def serve(
             tool_limits=limits,
             model_windows=policy.context.model_windows(),  # checked by load_config
         )
-        made.append(Daemon(config, plugins=plugins, accountant=accountant))
+        daemon = Daemon(config, plugins=plugins, accountant=accountant)
+        made.append(daemon)
         if gc_freeze:  # imports, plugins, the journal's recovery: full collections skip them
-            logger.debug("%d objects frozen out of garbage collection", freeze_startup_heap())
-        return made[-1]
+            daemon.gc.frozen = freeze_startup_heap()
+            logger.debug("%d objects frozen out of garbage collection", daemon.gc.frozen)
+        return daemon
 
     try:
         # The daemon (and its journal) is made once the socket is ours.
