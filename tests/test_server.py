@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from socket import SO_SNDBUF, SOL_SOCKET
+from types import FunctionType
 
 import msgspec
 import pytest
@@ -706,9 +707,9 @@ async def test_a_connection_that_ends_leaves_nothing_for_the_collector(tmp_path:
 
 
 def _of_busd_daemon(o: object) -> bool:
-    return type(o).__module__.startswith("busd.daemon") or getattr(o, "__module__", "") in (
-        "busd.daemon.connection"  # its closures
-    )
+    """An instance of the daemon's classes, or one of its functions (closures included)."""
+    module = o.__module__ if isinstance(o, FunctionType) else type(o).__module__
+    return module.startswith("busd.daemon")
 
 
 # -- a burst is settled before the daemon reads on -------------------------------

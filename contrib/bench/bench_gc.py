@@ -33,7 +33,8 @@ from fanout_report import percentile, table
 
 HERE = Path(__file__).resolve()
 
-VARIANTS = {"frozen (default)": [], "--no-gc-freeze": ["--no-gc-freeze"]}  # label: busd serve's
+# Each variant's label, and what it adds to `busd serve`'s arguments.
+VARIANTS = {"frozen (default)": [], "--no-gc-freeze": ["--no-gc-freeze"]}
 
 
 def status(address: str) -> dict[str, Any]:
