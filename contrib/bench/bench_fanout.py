@@ -287,6 +287,14 @@ def missing(system: str) -> str | None:
     return None
 
 
+def daemon_status(server: Server) -> dict[str, Any]:
+    """``busd status --json`` of a busd ``server``."""
+    argv = [PYTHON, "-m", "busd", "status", "--json", "--socket", server.address]
+    result = subprocess.run(argv, capture_output=True, check=True, timeout=60)
+    answer: dict[str, Any] = json.loads(result.stdout)
+    return answer
+
+
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """User and system CPU time of the process (every thread), from ``/proc/PID/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

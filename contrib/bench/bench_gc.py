@@ -3,7 +3,7 @@
     .venv/bin/python contrib/bench/bench_gc.py [--rounds 4] [--events 20000] [--churn 50]
 
 Each round starts ``busd serve --no-journal`` twice, once as it runs by
-default (the startup heap frozen once it listens) and once with
+default (the startup heap frozen before it serves) and once with
 ``--no-gc-freeze``, alternating which goes first. Each runs
 ``bench_fanout.py``'s latency test (window 0, a steady 5,000 events/s, 4
 subscribers) while frontends come and go as they do in a daemon left
@@ -19,29 +19,27 @@ every subscriber's latency for the events behind it.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import trio
-from bench_fanout import PYTHON, Processes, measure, start_server, terminate_on_sigterm
+from bench_fanout import (
+    PYTHON,
+    Processes,
+    daemon_status,
+    measure,
+    start_server,
+    terminate_on_sigterm,
+)
 from fanout_report import percentile, table
 
 HERE = Path(__file__).resolve()
 
 # Each variant's label, and what it adds to `busd serve`'s arguments.
 VARIANTS = {"frozen (default)": [], "--no-gc-freeze": ["--no-gc-freeze"]}
-
-
-def status(address: str) -> dict[str, Any]:
-    argv = [PYTHON, "-m", "busd", "status", "--json", "--socket", address]
-    result = subprocess.run(argv, capture_output=True, check=True, timeout=60)
-    answer: dict[str, Any] = json.loads(result.stdout)
-    return answer
 
 
 async def churn(address: str, clients: int, hold: float) -> None:
@@ -71,7 +69,7 @@ def one(
             argv = [PYTHON, str(HERE), "churn", server.address, str(clients)]
             churning = procs.start(f"{name}-churn", argv)
         outcome = measure(procs, server, window_ms=0, rate=5_000.0, **run)
-        gc = status(server.address)["gc"]
+        gc = daemon_status(server)["gc"]
     finally:
         if churning is not None:
             procs.stop(churning)

@@ -17,9 +17,7 @@ reported.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +29,7 @@ from bench_fanout import (
     Processes,
     Server,
     _wait_connectable,
+    daemon_status,
     measure,
     terminate_on_sigterm,
 )
@@ -45,16 +44,6 @@ def start_busd(procs: Processes, tmp: Path, name: str, journal: Path | None) -> 
     worker = procs.start(name, argv, server=True)
     _wait_connectable(socket.AF_UNIX, str(path), worker)
     return Server("busd", str(path), worker)
-
-
-def status(server: Server) -> dict[str, object]:
-    out = subprocess.run(
-        [PYTHON, "-m", "busd", "status", "--json", "--socket", server.address],
-        capture_output=True,
-        check=True,
-    ).stdout
-    result: dict[str, object] = json.loads(out)
-    return result
 
 
 def main() -> None:
@@ -103,7 +92,7 @@ def main() -> None:
                 for label, server in servers.items()
             }
             time.sleep(0.2)  # a few write intervals, for the last batch
-            on = status(servers["journal on"])
+            on = daemon_status(servers["journal on"])
         finally:
             procs.stop_all()
         size = journal.stat().st_size if journal.exists() else 0
