@@ -18,6 +18,7 @@ from .._version import __version__
 from ..core.catalog import Catalog
 from ..core.events import Envelope, Event
 from ..core.permissions import PermissionRule
+from ..transport import Receiver, send_eagerly
 from ..wire import (
     BYE,
     PROTOCOL_VERSION,
@@ -55,10 +56,10 @@ from .errors import (
     Batch,
     ClientStatistics,
     ConnectionLost,
-    DaemonNotRunning,
     NotJournaled,
     RequestFailed,
     SubscribeFailed,
+    connect_error,
 )
 
 __all__ = ["Client", "ClientSubscription", "connect"]
@@ -197,7 +198,7 @@ class Client:
             except OSError as exc:
                 sock.close()
                 if not isinstance(exc, BlockingIOError) or trio.current_time() >= deadline:
-                    raise _connect_error(path, exc) from exc
+                    raise connect_error(path, exc) from exc
                 await trio.sleep(0.01)  # a full listen queue drains fast
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         try:  # not a byte, the hello included, to a server run by another uid (not root)
@@ -300,6 +301,7 @@ class Client:
 
     async def _reader(self, stream: trio.SocketStream) -> ConnectionLost:
         decoder = self._decoder
+        receiver = Receiver(stream, _RECEIVE)
         while True:
             try:
                 for frame in decoder:
@@ -320,7 +322,7 @@ class Client:
                 logger.warning("bad frame from the daemon: %s", exc)
                 continue
             try:
-                data = await stream.receive_some(_RECEIVE)
+                data = await receiver.receive()
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 return ConnectionLost("closed", str(exc))
             if not data:
@@ -369,8 +371,8 @@ class Client:
                     self._encoder.encode_into(item, out)
             self._pending_publishes -= published
             self._room.set()
-            try:
-                await stream.send_all(out)
+            try:  # not a checkpoint when the socket takes it all: the wait above is one
+                await send_eagerly(stream, out)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
 
@@ -645,15 +647,6 @@ class Client:
                     self._room = trio.Event()
                     await self._room.wait()
         self._closing = True
-
-
-def _connect_error(path: str, exc: OSError) -> ConnectionError:
-    """What a failed ``connect`` means to a client: nobody listens, it is busy, or we may not."""
-    if isinstance(exc, BlockingIOError):
-        return ConnectionLost("busy", f"the daemon at {path} accepts no more connections")
-    if isinstance(exc, PermissionError):
-        return ConnectionLost("forbidden", f"may not connect to {path}: {exc.strerror}")
-    return DaemonNotRunning(f"no busd daemon at {path} ({exc.strerror}; start one: `busd serve`)")
 
 
 @asynccontextmanager

@@ -16,6 +16,7 @@ __all__ = [
     "NotJournaled",
     "RequestFailed",
     "SubscribeFailed",
+    "connect_error",
 ]
 
 
@@ -73,3 +74,12 @@ class Batch:
 
     events: list[Envelope[Event]]
     gap: tuple[int, int] | None = None
+
+
+def connect_error(path: str, exc: OSError) -> ConnectionError:
+    """What a failed ``connect`` means to a client: nobody listens, it is busy, or we may not."""
+    if isinstance(exc, BlockingIOError):
+        return ConnectionLost("busy", f"the daemon at {path} accepts no more connections")
+    if isinstance(exc, PermissionError):
+        return ConnectionLost("forbidden", f"may not connect to {path}: {exc.strerror}")
+    return DaemonNotRunning(f"no busd daemon at {path} ({exc.strerror}; start one: `busd serve`)")

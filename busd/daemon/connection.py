@@ -34,6 +34,7 @@ from .._version import __version__
 from ..core.cohorts import SharedBatch
 from ..core.errors import InvalidPattern
 from ..core.events import Envelope, Event
+from ..transport import Receiver
 from ..wire import (
     BAD_HANDSHAKE,
     BYE,
@@ -121,6 +122,7 @@ class Connection:
         config = daemon.config
         self._decoder = client_frame_decoder(daemon.catalog, max_frame=config.max_frame)
         self._encoder = Encoder(max_frame=config.max_frame)
+        self._receiver = Receiver(stream, _RECEIVE)
         self._reader_scope = trio.CancelScope()
         self._outbox = Outbox(
             stream,
@@ -339,7 +341,7 @@ class Connection:
 
     async def _receive(self) -> bytes:
         try:
-            return bytes(await self.stream.receive_some(_RECEIVE))
+            return await self._receiver.receive()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
 

@@ -5,7 +5,10 @@ on a socket, reading one frame and going back to sleep. This measures that
 floor on this machine, with nothing else in the way: a sender writes an
 8-byte ``time.monotonic_ns()`` stamp every millisecond over a Unix socket
 pair, and a receiver (a fresh process) reads it with a blocking
-``recv``, with asyncio's ``StreamReader``, or with Trio's ``SocketStream``.
+``recv``, with asyncio's ``StreamReader``, with Trio's ``SocketStream``, or
+with busd's ``Receiver`` over it (``busd.transport``: after a read that
+drained the socket, it waits before reading, where Trio tries a ``recv``
+that fails first).
 
 Reported per receiver: the CPU time (user + system) per wake-up, and the
 p50/p99 latency from stamp to receipt, with the ratios to the blocking
@@ -27,7 +30,7 @@ import sys
 import time
 
 STAMP = struct.Struct("!Q")
-RECEIVERS = ("recv", "asyncio", "trio")
+RECEIVERS = ("recv", "asyncio", "trio", "busd")
 
 
 def _usage_s() -> float:
@@ -40,6 +43,9 @@ def receive(mode: str, fd: int, messages: int) -> None:
     import asyncio
 
     import trio
+
+    if mode == "busd":  # before the ready byte, as the others' imports
+        from busd.transport import Receiver
 
     sock = socket.socket(fileno=fd)
     latencies: list[int] = []
@@ -72,7 +78,7 @@ def receive(mode: str, fd: int, messages: int) -> None:
             writer.close()
 
         asyncio.run(asyncio_main())
-    else:
+    elif mode == "trio":
 
         async def trio_main() -> None:
             stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
@@ -80,6 +86,14 @@ def receive(mode: str, fd: int, messages: int) -> None:
                 took(await stream.receive_some(65536))
 
         trio.run(trio_main)
+    else:
+
+        async def busd_main() -> None:
+            receiver = Receiver(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), 65536)
+            while len(latencies) < messages:
+                took(await receiver.receive())
+
+        trio.run(busd_main)
     cpu = _usage_s() - cpu_start
     latencies.sort()
     print(
