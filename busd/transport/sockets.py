@@ -50,7 +50,7 @@ class Receiver:
                 fd = sock.fileno()  # -1 once closed: never a descriptor reused meanwhile
                 if fd < 0:
                     raise trio.ClosedResourceError("the stream was closed")
-                await trio.lowlevel.wait_readable(sock)
+                await trio.lowlevel.wait_readable(fd)
                 try:
                     data = os.read(fd, self.size)
                     break
