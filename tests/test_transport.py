@@ -1,8 +1,9 @@
 """busd.transport: reading after waiting, writing without a task switch, over real sockets.
 
 What the helpers save (a ``recv`` that fails after a drained read, a yield
-after a write that went through at once) is counted here on the socket and
-with Trio's checkpoint assertions; what they must keep is Trio's contract:
+after a write that went through at once) is counted here (calls of Trio's
+``receive_some`` and of ``os.read``, both still reading) and checked with
+Trio's checkpoint assertions; what they must keep is Trio's contract:
 the bytes in order, ``b""`` at the end, ``BrokenResourceError`` and
 ``ClosedResourceError`` where ``receive_some`` and ``send_all`` raise them.
 """
