@@ -113,7 +113,10 @@ class ClientSubscription:
         try:
             self._send.send_nowait(batch)
         except trio.WouldBlock:
-            await self._send.send(batch)  # the application is behind: wait for it
+            with suppress(trio.ClosedResourceError):  # it left the subscription meanwhile
+                await self._send.send(batch)  # the application is behind: wait for it
+        except trio.ClosedResourceError:
+            pass  # ended, by the application, while the reader held this batch
 
     def _end(self, error: ConnectionLost | None) -> None:
         if error is not None:
