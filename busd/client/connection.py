@@ -6,7 +6,7 @@ import itertools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal
@@ -17,25 +17,20 @@ import trio
 from .._version import __version__
 from ..core.catalog import Catalog
 from ..core.events import Envelope, Event
-from ..core.permissions import PermissionRule
-from ..transport import Receiver, send_eagerly
+from ..transport import send_eagerly
 from ..wire import (
     BYE,
     PROTOCOL_VERSION,
     Bye,
-    CancelRun,
     Command,
     Encoder,
     Error,
     ErrorInfo,
-    Events,
     Frame,
-    Gap,
     Goodbye,
     Hello,
     Limits,
     Outgoing,
-    PermissionReply,
     Ping,
     Pong,
     ProtocolError,
@@ -43,7 +38,6 @@ from ..wire import (
     Reply,
     Request,
     Role,
-    StartRun,
     Subscribe,
     Unsubscribe,
     Welcome,
@@ -51,6 +45,7 @@ from ..wire import (
     server_frame_decoder,
 )
 from ..wire.address import resolve_socket_path, untrusted_server
+from .commands import Commands
 from .errors import (
     Acked,
     Batch,
@@ -61,12 +56,12 @@ from .errors import (
     SubscribeFailed,
     connect_error,
 )
+from .reading import RECEIVE, Inbox
 
 __all__ = ["Client", "ClientSubscription", "connect"]
 
 logger = logging.getLogger("busd.client")
 
-_RECEIVE = 65_536
 _PUBLISH_QUEUE = 10_000
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _Queued = Frame | list[Outgoing[Event]]  # what the writer sends: a run of publishes is one frame
@@ -76,7 +71,9 @@ class ClientSubscription:
     """A live subscription: iterate it for batches (``events()`` for single envelopes).
 
     ``last_seq`` is the seq of the last envelope delivered: what a resume
-    (automatic with ``reconnect=True``) starts after.
+    (automatic with ``reconnect=True``) starts after. Iterating is a
+    checkpoint; a task waiting for the next batch reads the socket itself
+    when no other task does (the module's docstring says why).
     """
 
     def __init__(self, client: Client, sub_id: int, frame: Subscribe) -> None:
@@ -85,18 +82,48 @@ class ClientSubscription:
         self.frame = frame
         self.last_seq: int | None = None
         self._send, self._receive = trio.open_memory_channel[Batch | ConnectionLost](256)
+        self._hungry = 0  # tasks in __anext__ that wait for another task's read, not yet fed
 
     def __aiter__(self) -> ClientSubscription:
         return self
 
     async def __anext__(self) -> Batch:
+        await _checkpoint_if_cancelled()
         try:
-            item = await self._receive.receive()
+            item = self._receive.receive_nowait()
+        except trio.WouldBlock:
+            item = await self._wait()
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
+        else:  # it was queued: still a scheduling point, as a channel's receive is
+            await trio.lowlevel.cancel_shielded_checkpoint()
         if isinstance(item, ConnectionLost):
             raise item
         return item
+
+    async def _wait(self) -> Batch | ConnectionLost:
+        """Read for the next batch while nobody else reads, else wait for the task that does."""
+        while (inbox := self.client._inbox) is not None and await inbox.read_for_iterator():
+            try:
+                return self._receive.receive_nowait()
+            except trio.WouldBlock:
+                continue  # that read brought other frames: read again
+            except trio.EndOfChannel:
+                raise StopAsyncIteration from None
+        self._hungry += 1
+        self.client._hungry += 1
+        if inbox is not None:
+            inbox.nudge()
+        fed = False
+        try:
+            item = await self._receive.receive()
+            fed = not isinstance(item, ConnectionLost)  # a batch: _fed() counted it
+            return item
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        finally:
+            if not fed:
+                self._fed()
 
     async def events(self) -> AsyncIterator[Envelope[Event]]:
         """Every envelope, one at a time (gaps are logged and skipped)."""
@@ -106,17 +133,33 @@ class ClientSubscription:
             for envelope in batch.events:
                 yield envelope
 
-    async def _deliver(self, batch: Batch) -> None:
-        """Hand ``batch`` to the iterator: at once when there is room (no task switch)."""
-        if batch.events:
-            self.last_seq = batch.events[-1].seq
+    def _offer(self, batch: Batch) -> bool:
+        """Queue ``batch`` if the channel has room; False when it is full (the reader waits)."""
         try:
             self._send.send_nowait(batch)
         except trio.WouldBlock:
-            with suppress(trio.ClosedResourceError):  # it left the subscription meanwhile
-                await self._send.send(batch)  # the application is behind: wait for it
+            return False
         except trio.ClosedResourceError:
-            pass  # ended, by the application, while the reader held this batch
+            return True  # the application left the subscription: nobody wants it
+        if batch.events:
+            self.last_seq = batch.events[-1].seq
+        if self._hungry:
+            self._fed()
+        return True
+
+    async def _deliver(self, batch: Batch) -> None:
+        """Queue ``batch``, waiting for room: the application is behind."""
+        if batch.events:
+            self.last_seq = batch.events[-1].seq
+        with suppress(trio.ClosedResourceError):  # it left the subscription meanwhile
+            await self._send.send(batch)
+            if self._hungry:
+                self._fed()
+
+    def _fed(self) -> None:
+        """One waiting task has its batch (or stopped waiting): nobody need read for it."""
+        self._hungry -= 1
+        self.client._hungry -= 1
 
     def _end(self, error: ConnectionLost | None) -> None:
         if error is not None:
@@ -125,7 +168,7 @@ class ClientSubscription:
         self._send.close()
 
 
-class Client:
+class Client(Commands):
     """A connection to the daemon; make one with :func:`connect`."""
 
     def __init__(
@@ -156,6 +199,8 @@ class Client:
         self._replies: dict[int, tuple[trio.Event, list[Reply]]] = {}
         self._pongs: dict[int, trio.Event] = {}
         self._subs: dict[int, ClientSubscription] = {}
+        self._inbox: Inbox | None = None  # the connection's incoming side, while it is served
+        self._hungry = 0  # tasks in a subscription's __anext__ that wait for another's read
         self._sub_errors: dict[int, Error] = {}
         self._lost: ConnectionLost | None = None
         self._closing = False
@@ -219,7 +264,7 @@ class Client:
         hello = Hello(protocol=PROTOCOL_VERSION, client=self.name, role=self.role)
         await stream.send_all(encode_frame(hello))
         while (frame := decoder.next_frame()) is None:
-            data = await stream.receive_some(_RECEIVE)
+            data = await stream.receive_some(RECEIVE)
             if not data:
                 raise ConnectionLost("closed", "the daemon closed the connection at hello")
             decoder.feed(data)
@@ -282,9 +327,20 @@ class Client:
         self._wake_writer.set()
 
     async def _serve(self, stream: trio.SocketStream) -> ConnectionLost:
+        inbox = Inbox(
+            stream,
+            self._decoder,
+            subs=self._subs,
+            handle=self._handle,
+            needed=self._reader_needed,
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, stream)
-            lost = await self._reader(stream)
+            self._inbox = inbox
+            try:
+                lost = await inbox.run()
+            finally:
+                self._inbox = None
             nursery.cancel_scope.cancel()
         self._lost = lost
         for event, _ in self._replies.values():
@@ -302,35 +358,13 @@ class Client:
 
     # -- reading -----------------------------------------------------------------
 
-    async def _reader(self, stream: trio.SocketStream) -> ConnectionLost:
-        decoder = self._decoder
-        receiver = Receiver(stream, _RECEIVE)
-        while True:
-            try:
-                for frame in decoder:
-                    match frame:  # events first: nearly every frame a subscriber reads
-                        case Events(sub=sub_id, events=events):
-                            if (sub := self._subs.get(sub_id)) is not None:
-                                await sub._deliver(Batch(events))
-                        case Gap(sub=sub_id, from_seq=first, to_seq=last):
-                            if (sub := self._subs.get(sub_id)) is not None:
-                                await sub._deliver(Batch([], (first, last)))
-                        case _:
-                            lost = self._handle(frame)
-                            if lost is not None:
-                                return lost
-            except ProtocolError as exc:
-                if exc.fatal:
-                    return ConnectionLost(exc.code, exc.message)
-                logger.warning("bad frame from the daemon: %s", exc)
-                continue
-            try:
-                data = await receiver.receive()
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                return ConnectionLost("closed", str(exc))
-            if not data:
-                return ConnectionLost("closed", "the daemon closed the connection")
-            decoder.feed(data)
+    def _reader_needed(self) -> bool:
+        """Whether a task waits for a frame that no iterator's read is sure to bring."""
+        return bool(self._hungry or self._pongs or self._replies or self._closing)
+
+    def _nudge(self) -> None:
+        if self._inbox is not None:
+            self._inbox.nudge()
 
     def _handle(self, frame: object) -> ConnectionLost | None:
         if isinstance(frame, Reply):
@@ -500,6 +534,7 @@ class Client:
         pong = trio.Event()
         self._pongs[nonce] = pong
         self._push(Ping(nonce=nonce))
+        self._nudge()
         await pong.wait()
         if nonce in self._pongs:  # woken by a lost connection, not by the pong
             del self._pongs[nonce]
@@ -518,6 +553,7 @@ class Client:
         self._replies[request_id] = (done, box)
         try:
             self._push(frame(request_id))
+            self._nudge()
             await done.wait()
         finally:
             del self._replies[request_id]
@@ -529,78 +565,6 @@ class Client:
             kind = NotJournaled if error.code == "not_journaled" else RequestFailed
             raise kind(error.code, error.message)
         return reply.result
-
-    async def start_run(
-        self,
-        adapter: str,
-        prompt: str,
-        *,
-        session_id: str | None = None,
-        model: str | None = None,
-        system_prompt: str | None = None,
-        cwd: str | None = None,
-        permission_mode: str | None = None,
-        max_turns: int | None = None,
-        options: dict[str, Any] | None = None,
-        driver: str | None = None,
-        request_id: str | None = None,
-        permission_rules: Sequence[PermissionRule] = (),
-        env: Mapping[str, str] | None = None,
-        context_window: int | None = None,
-        output_reserve: int | None = None,
-    ) -> dict[str, str]:
-        """Start a run; returns ``{"run_id", "session_id"}`` at once, events follow.
-
-        ``driver`` defaults to the one named like ``adapter``; ``"replay"``
-        plays a recording (``options={"recording": ..., "speed": ...}``).
-        ``request_id`` is an id of the caller's choosing that every
-        ``busd.run.*`` event of the run repeats. ``permission_rules`` decide
-        the run's permission requests in this client's name, after the
-        daemon's policy and rules and before any frontend is asked. ``env``
-        is the agent's whole environment (``busd run`` sends its own,
-        ``dict(os.environ)``); without it the agent gets the daemon's.
-        ``context_window`` (tokens) is the session's window from this run on,
-        over the model table and the daemon's config; ``output_reserve``, below
-        it, the room kept for the model's output (default: the table's).
-        """
-        result: dict[str, str] = await self.request(
-            StartRun(
-                adapter=adapter,
-                prompt=prompt,
-                driver=driver,
-                session_id=session_id,
-                model=model,
-                system_prompt=system_prompt,
-                cwd=cwd,
-                permission_mode=permission_mode,
-                max_turns=max_turns,
-                options=options or {},
-                request_id=request_id,
-                permission_rules=tuple(permission_rules),
-                env=None if env is None else dict(env),
-                context_window=context_window,
-                output_reserve=output_reserve,
-            )
-        )
-        return result
-
-    async def cancel_run(self, run_id: str, *, reason: str | None = None) -> None:
-        """Cancel a run; :class:`RequestFailed` (``unknown_run``, ``run_finished``) otherwise."""
-        await self.request(CancelRun(run_id=run_id, reason=reason))
-
-    async def reply_permission(
-        self,
-        request_id: str,
-        *,
-        option_id: str | None = None,
-        allow: bool | None = None,
-        reason: str | None = None,
-    ) -> dict[str, Any]:
-        """Answer a permission request; :class:`RequestFailed` if another answer won."""
-        decision: dict[str, Any] = await self.request(
-            PermissionReply(request_id=request_id, option_id=option_id, allow=allow, reason=reason)
-        )
-        return decision
 
     @asynccontextmanager
     async def subscribe(
@@ -646,6 +610,7 @@ class Client:
             with trio.move_on_after(2.0):
                 self._push(Bye())
                 self._closing = True
+                self._nudge()  # the goodbye must be read, if no iterator reads now
                 while self._lost is None:
                     self._room = trio.Event()
                     await self._room.wait()
