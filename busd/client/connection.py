@@ -110,10 +110,10 @@ class ClientSubscription:
                 continue  # that read brought other frames: read again
             except trio.EndOfChannel:
                 raise StopAsyncIteration from None
+        # Another task reads (it wakes the reader task for us when it stops), a batch
+        # is held (the reader task delivers it, then reads), or there is no connection.
         self._hungry += 1
         self.client._hungry += 1
-        if inbox is not None:
-            inbox.nudge()
         fed = False
         try:
             item = await self._receive.receive()
