@@ -1,4 +1,4 @@
-"""The incoming side of a connection: subscriptions, and which task reads the socket.
+"""The incoming side of a connection: which task reads the socket, and where each frame goes.
 
 A subscriber's task waits in ``__anext__`` for its next batch. If the
 client's reader task read every frame and handed the batch over, each batch
