@@ -201,10 +201,29 @@ async def test_an_iterator_that_waits_reads_the_socket_itself(sock_path: Path) -
 
 
 async def led(daemon: Daemon, sub: ClientSubscription, seq: int) -> None:
-    """One batch read by ``sub``'s iterator itself: from now on iterators lead."""
+    """One batch for ``sub``'s waiting iterator: from now on iterators lead; the reader waits."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(daemon.send, events(sub.id, seq))
         assert seqs(await anext(sub)) == [seq]
+
+
+async def test_an_idle_iterator_costs_the_reader_task_no_wake_ups(
+    sock_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """An iterator waiting on a quiet socket for a minute: the quiet timer does not tick."""
+    async with scripted(sock_path) as daemon, connect(sock_path) as client:
+        async with client.subscribe(["stream.>"]) as sub, trio.open_nursery() as nursery:
+            await led(daemon, sub, 1)
+            nursery.start_soon(anext, sub)  # it reads, and waits on the socket
+            await trio.sleep(1)  # the reader task's timer, once, then nothing
+            steps = Steps()
+            trio.lowlevel.add_instrument(steps)
+            try:
+                await trio.sleep(60)
+            finally:
+                trio.lowlevel.remove_instrument(steps)
+            assert steps.of("Client._run") == 0, steps.steps
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_leading_iterator_routes_other_subscriptions_frames_in_order(
