@@ -63,7 +63,6 @@ class Daemon:
 
     def __init__(self) -> None:
         self.frames: list[ClientFrame] = []
-        self.answer_pings = True
         self.answer_requests = True
         self.connections = 0
         self._stream: trio.SocketStream | None = None
@@ -110,7 +109,7 @@ class Daemon:
                         await self.send(welcome)
                     case Subscribe():
                         self._subscribed.set()
-                    case Ping(nonce=nonce) if self.answer_pings:
+                    case Ping(nonce=nonce):
                         await self.send(Pong(nonce=nonce))
                     case Request(id=request_id) if self.answer_requests:
                         reply = Reply(id=request_id, ok=True, result={"pong": request_id})
