@@ -73,7 +73,7 @@ class ClientSubscription:
     ``last_seq`` is the seq of the last envelope delivered: what a resume
     (automatic with ``reconnect=True``) starts after. Iterating is a
     checkpoint; a task waiting for the next batch reads the socket itself
-    when no other task does (the module's docstring says why).
+    when no other task does (``reading.py`` says why).
     """
 
     def __init__(self, client: Client, sub_id: int, frame: Subscribe) -> None:

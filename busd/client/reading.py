@@ -158,20 +158,16 @@ class Inbox:
                 for frame in self._decoder:
                     match frame:  # events first: nearly every frame a subscriber reads
                         case Events(sub=sub_id, events=events):
-                            if (sub := subs.get(sub_id)) is not None:
-                                batch = Batch(events)
-                                if not sub._offer(batch):
-                                    self._held = (sub, batch)
-                                    return None
+                            batch = Batch(events)
                         case Gap(sub=sub_id, from_seq=first, to_seq=last):
-                            if (sub := subs.get(sub_id)) is not None:
-                                batch = Batch([], (first, last))
-                                if not sub._offer(batch):
-                                    self._held = (sub, batch)
-                                    return None
+                            batch = Batch([], (first, last))
                         case _:
                             if (lost := self._handle(frame)) is not None:
                                 return lost
+                            continue
+                    if (sub := subs.get(sub_id)) is not None and not sub._offer(batch):
+                        self._held = (sub, batch)
+                        return None
                 return None
             except ProtocolError as exc:
                 if exc.fatal:
