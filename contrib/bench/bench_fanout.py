@@ -28,8 +28,9 @@ Figures, see ``contrib/bench/README.md``:
   every subscriber got every event in order (busd: ``seq`` order too);
 - CPU per event of every process, and the server's alone per subscriber
   count (the daemon's cost against the number of subscribers);
-- latency: p50/p99/max publish-to-receive at a steady 5,000 events/s, 4
-  subscribers;
+- latency: p50/p99/max publish-to-receive at a steady 5,000 events/s, with
+  1, 4 and 16 subscribers, and the server's CPU per event against the
+  number of subscribers at that rate (the same input for every count);
 - idle frontends: the daemon's RSS growth when 100 clients attach, each
   subscribed to everything.
 
@@ -401,7 +402,13 @@ def main() -> None:
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 0], help="busd windows")
     parser.add_argument("--latency-rate", type=float, default=5_000.0)
     parser.add_argument("--latency-events", type=int, default=None, help="default 2 s worth")
-    parser.add_argument("--latency-subscribers", type=int, default=4)
+    parser.add_argument(
+        "--latency-subscribers",
+        type=int,
+        nargs="+",
+        default=[1, 4, 16],
+        help="subscriber counts of the steady-rate runs (the p99 target is judged at 4)",
+    )
     parser.add_argument(
         "--latency-rounds",
         type=int,
@@ -432,12 +439,12 @@ def main() -> None:
 
     events = args.events or (20_000 if args.quick else 200_000)
     latency_events = args.latency_events or int(args.latency_rate * (0.5 if args.quick else 2.0))
-    latency_subs = args.latency_subscribers
+    latency_counts = sorted(set(args.latency_subscribers))
     latency_rounds = args.latency_rounds
     if latency_rounds is None:
         latency_rounds = 1 if args.quick else 3
     counts = sorted(set(args.subscribers))
-    if min(counts[0], latency_subs, events, args.repeat, latency_rounds) < 1:
+    if min(counts[0], latency_counts[0], events, args.repeat, latency_rounds) < 1:
         parser.error("event, subscriber and round counts must be at least 1")
     if not args.latency_rate > 0:
         parser.error("--latency-rate must be a rate above 0 events/s")
@@ -466,7 +473,7 @@ def main() -> None:
     event_bytes = len(msgspec.msgpack.encode(make_event(0, time.monotonic_ns())))
 
     throughput: dict[tuple[Variant, int], Outcome] = {}
-    latency: dict[Variant, Outcome] = {}
+    latency: dict[tuple[Variant, int], Outcome] = {}
     idle: tuple[int, int] | None = None
     began = time.monotonic()
     load_before = os.getloadavg()[0]
@@ -509,19 +516,20 @@ def main() -> None:
                             file=sys.stderr,
                         )
             throughput = {key: best(outcomes) for key, outcomes in runs.items()}
-            latency_runs: dict[Variant, list[Outcome]] = {}
+            latency_runs: dict[tuple[Variant, int], list[Outcome]] = {}
             for _ in range(latency_rounds):  # interleaved: the machine's moods spread evenly
-                for variant in latency_variants:
-                    outcome = measure(
-                        procs,
-                        servers[variant.system],
-                        subscribers=latency_subs,
-                        events=latency_events,
-                        window_ms=variant.window_ms,
-                        rate=args.latency_rate,
-                    )
-                    latency_runs.setdefault(variant, []).append(outcome)
-            latency = {v: median_p99(outcomes) for v, outcomes in latency_runs.items()}
+                for n in latency_counts:
+                    for variant in latency_variants:
+                        outcome = measure(
+                            procs,
+                            servers[variant.system],
+                            subscribers=n,
+                            events=latency_events,
+                            window_ms=variant.window_ms,
+                            rate=args.latency_rate,
+                        )
+                        latency_runs.setdefault((variant, n), []).append(outcome)
+            latency = {key: median_p99(outcomes) for key, outcomes in latency_runs.items()}
             for system, server in servers.items():
                 # SIGINT: busd shuts down cleanly (and cProfile writes its file)
                 procs.stop(server.worker, signal.SIGINT if system == "busd" else signal.SIGTERM)
@@ -565,7 +573,7 @@ def main() -> None:
         latency=latency,
         latency_events=latency_events,
         latency_rate=args.latency_rate,
-        latency_subs=latency_subs,
+        latency_counts=latency_counts,
         idle=idle,
         idle_clients=args.idle_clients,
         outbound_cap=args.outbound_cap,
