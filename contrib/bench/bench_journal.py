@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench_fanout import (
     OUTBOUND_CAP,
@@ -78,31 +79,25 @@ def main() -> None:
             }
             for server in servers.values():
                 measure(procs, server, subscribers=1, events=args.warmup)
-            runs: dict[str, list[Outcome]] = {label: [] for label in servers}
-            for _ in range(args.repeat):
-                for label, server in servers.items():
-                    runs[label].append(
-                        measure(
-                            procs,
-                            server,
-                            subscribers=args.subscribers,
-                            events=args.events,
-                            window_ms=args.window_ms,
+
+            def alternating(rounds: int, **how: Any) -> dict[str, list[Outcome]]:
+                """``rounds`` runs of each daemon, taking turns: the noise falls on both."""
+                outcomes: dict[str, list[Outcome]] = {label: [] for label in servers}
+                for _ in range(rounds):
+                    for label, server in servers.items():
+                        outcomes[label].append(
+                            measure(procs, server, subscribers=args.subscribers, **how)
                         )
-                    )
-            latency_runs: dict[str, list[Outcome]] = {label: [] for label in servers}
-            for _ in range(args.latency_rounds):  # alternating: the machine's moods fall on both
-                for label, server in servers.items():
-                    latency_runs[label].append(
-                        measure(
-                            procs,
-                            server,
-                            subscribers=args.subscribers,
-                            events=args.latency_events,
-                            window_ms=args.window_ms,
-                            rate=args.latency_rate,
-                        )
-                    )
+                return outcomes
+
+            window = args.window_ms
+            runs = alternating(args.repeat, events=args.events, window_ms=window)
+            latency_runs = alternating(
+                args.latency_rounds,
+                events=args.latency_events,
+                window_ms=window,
+                rate=args.latency_rate,
+            )
             latency = {label: median_p99(outcomes) for label, outcomes in latency_runs.items()}
             time.sleep(0.2)  # a few write intervals, for the last batch
             on = daemon_status(servers["journal on"])
