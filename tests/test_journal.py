@@ -377,7 +377,7 @@ class CountingFile(JournalFile):
     gate: threading.Event | None = None
     entered: trio.Event | None = None
 
-    def write(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    def write(self, batch: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         if self.gate is not None:
             if self.entered is not None:
                 trio.from_thread.run_sync(self.entered.set)
@@ -595,7 +595,7 @@ def written_journal(path: Path, count: int) -> list[Envelope[Event]]:
     for e in sent:
         registry.observe(e)
     rows = [_row(state) for state in registry.touched_since(0)]
-    file.write([(e, encode_envelope(e)) for e in sent], [], rows, head=count, reserved=count)
+    file.write(sent, [encode_envelope(e) for e in sent], [], rows, head=count, reserved=count)
     file.release(count)
     file.close()
     return sent
@@ -1203,7 +1203,7 @@ def test_the_sessions_table_keeps_the_per_model_breakdown(tmp_path: Path) -> Non
     state.usage_by_model = {"claude-sonnet-4-5": sonnet, "claude-haiku-4-5": haiku}
     journal = JournalFile.open(path)
     try:
-        journal.write([], [], [journalrows.session_row(state)], head=1, reserved=1)
+        journal.write([], [], [], [journalrows.session_row(state)], head=1, reserved=1)
     finally:
         journal.close()
     with JournalReader(path) as reader:

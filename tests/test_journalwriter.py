@@ -90,7 +90,7 @@ def test_the_process_reads_the_columns_the_thread_takes_from_the_objects(
 ) -> None:
     e = Envelope(seq, ts, event, session_id=session, run_id=run, stale=stale, id=event_id)
     raw = encode_envelope(e)
-    assert _raw_parameters([raw]) == _parameters([(e, raw)])
+    assert _raw_parameters([raw]) == _parameters([e], [raw])
 
 
 def test_a_failing_statement_is_an_sqlite_error_in_the_reply(jpath: Path) -> None:
@@ -268,7 +268,7 @@ async def test_the_process_exits_when_its_stdin_closes(jpath: Path) -> None:
     assert process.returncode == 0
     h.publish()
     with pytest.raises(WriterGone, match=r"exited with status 0"):
-        await writer.write([(h.sent[0], encode_envelope(h.sent[0]))], [], [], head=1, reserved=9)
+        await writer.write([h.sent[0]], [encode_envelope(h.sent[0])], [], [], head=1, reserved=9)
     await h.journal.aclose()
     with sqlite3.connect(jpath) as conn:
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 1

@@ -35,7 +35,8 @@ seq: everything older than ``max_age``, and more while the file is over
 
 :class:`JournalFile` is the writer and :class:`JournalReader` a read-only
 view (``busd sessions``, ``busd export``, resumes); both are synchronous
-(:mod:`.journalfile`); :class:`Journal` is the Trio shell.
+(:mod:`.journalfile`); :class:`Journal` is the Trio shell; a resume reads a
+:class:`JournalSpan` (:mod:`.journalspan`).
 """
 
 from __future__ import annotations
@@ -44,10 +45,8 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 from typing import Any, Final, TypeAlias
 
 import msgspec
@@ -57,12 +56,10 @@ from ..core.events import Envelope, Event
 from .journalfile import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_SIZE,
-    PAGE_ROWS,
     JournalError,
     JournalFile,
     JournalReader,
     Opened,
-    Page,
     Retention,
     SessionRecord,
     SessionRow,
@@ -70,6 +67,7 @@ from .journalfile import (
     parse_size,
     session_row,
 )
+from .journalspan import Found, JournalSpan, Missing, memory_items, page_items
 from .journalwriter import ProcessWriter, ThreadWriter, Writer, WriterKind
 
 __all__ = [
@@ -86,6 +84,8 @@ __all__ = [
     "Published",
     "Retention",
     "SessionRecord",
+    "memory_items",
+    "page_items",
     "parse_duration",
     "parse_size",
     "session_row",
@@ -101,139 +101,6 @@ DEFAULT_BATCH_EVENTS: Final = 4096
 _PRUNE_EVERY = 600.0  # seconds between two age checks
 _RETRY = 1.0  # seconds before a failed write is tried again
 _PRUNE_ROUNDS = 5  # retention passes at most, each on the size the last one left
-
-
-# -- resuming from the journal ---------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Found:
-    """Events to send, in seq order."""
-
-    seqs: list[int]
-    raws: list[msgspec.Raw]
-
-
-@dataclass(frozen=True, slots=True)
-class Missing:
-    """Seqs ``from_seq..to_seq`` (inclusive) that neither the journal nor memory holds."""
-
-    from_seq: int
-    to_seq: int
-
-
-Item: TypeAlias = Found | Missing
-RowFilter: TypeAlias = Callable[[str, str | None, str | None, bool], bool]
-EnvelopeFilter: TypeAlias = Callable[[Envelope[Event]], bool]
-
-
-def page_items(cursor: int, page: Page, wants: RowFilter) -> list[Item]:
-    """A page as what to send: gaps for pruned and lost seqs, runs of wanted events between."""
-    items: list[Item] = []
-    end = page.end
-    if cursor < page.floor:
-        items.append(Missing(cursor + 1, min(page.floor, end)))
-        cursor = page.floor
-    lost = [(max(a, cursor + 1), min(b, end)) for a, b in page.lost if b > cursor and a <= end]
-    seqs: list[int] = []
-    raws: list[msgspec.Raw] = []
-    i = 0
-    for seq, name, session_id, run_id, stale, blob in page.rows:
-        if seq <= cursor:
-            continue
-        while i < len(lost) and lost[i][0] < seq:
-            if seqs:
-                items.append(Found(seqs, raws))
-                seqs, raws = [], []
-            items.append(Missing(*lost[i]))
-            i += 1
-        if wants(name, session_id, run_id, bool(stale)):
-            seqs.append(seq)
-            raws.append(msgspec.Raw(blob))
-    if seqs:
-        items.append(Found(seqs, raws))
-    items.extend(Missing(*r) for r in lost[i:])
-    return items
-
-
-def memory_items(
-    entries: Sequence[tuple[Envelope[Event], msgspec.Raw]],
-    lost: Sequence[tuple[int, int]],
-    wants: EnvelopeFilter,
-) -> list[Item]:
-    """Not yet written events and lost ranges, merged in seq order."""
-    items: list[Item] = []
-    seqs: list[int] = []
-    raws: list[msgspec.Raw] = []
-    ranges = sorted(lost)
-    i = 0
-    for envelope, raw in entries:
-        while i < len(ranges) and ranges[i][0] < envelope.seq:
-            if seqs:
-                items.append(Found(seqs, raws))
-                seqs, raws = [], []
-            items.append(Missing(*ranges[i]))
-            i += 1
-        if wants(envelope):
-            seqs.append(envelope.seq)
-            raws.append(raw)
-    if seqs:
-        items.append(Found(seqs, raws))
-    items.extend(Missing(*r) for r in ranges[i:])
-    return items
-
-
-@dataclass(frozen=True, slots=True)
-class JournalSpan:
-    """Seqs ``after < seq <= upto`` for one resume: from the file up to ``db_upto``, then memory.
-
-    Made synchronously (so nothing can fall between it and the replay ring),
-    read later, in worker threads.
-    """
-
-    path: Path
-    after: int
-    db_upto: int
-    upto: int
-    entries: list[tuple[Envelope[Event], msgspec.Raw]]
-    lost: list[tuple[int, int]]
-
-    async def read(
-        self,
-        wants_row: RowFilter,
-        wants: EnvelopeFilter,
-        *,
-        sessions: Sequence[str] | None = None,
-        page: int = PAGE_ROWS,
-    ) -> AsyncGenerator[Item, None]:
-        """What to send, in seq order; a gap for anything the journal cannot give."""
-        cursor = self.after
-        if cursor < self.db_upto:
-            try:
-                reader = await trio.to_thread.run_sync(JournalReader, self.path)
-            except JournalError as exc:
-                logger.error("resume from the journal: %s", exc)
-                yield Missing(cursor + 1, self.db_upto)
-            else:
-                try:
-                    while cursor < self.db_upto:
-                        try:
-                            found = await trio.to_thread.run_sync(
-                                partial(
-                                    reader.page, cursor, self.db_upto, limit=page, sessions=sessions
-                                )
-                            )
-                        except sqlite3.Error as exc:
-                            logger.error("resume from the journal %s: %s", self.path, exc)
-                            yield Missing(cursor + 1, self.db_upto)
-                            break
-                        for item in page_items(cursor, found, wants_row):
-                            yield item
-                        cursor = found.end
-                finally:
-                    reader.close()
-        for item in memory_items(self.entries, self.lost, wants):
-            yield item
 
 
 def _merge(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -346,9 +213,12 @@ class Journal:
         self.crashed = opened.crashed
         self._sessions = sessions
         self._report = report
-        self._pending: list[tuple[Envelope[Event], msgspec.Raw]] = []
+        # Envelopes and their bytes side by side: no tuple per event for the collector to walk.
+        self._pending: list[Envelope[Event]] = []
+        self._pending_raws: list[msgspec.Raw] = []
         self._lost: list[tuple[int, int]] = []  # not journaled, not yet recorded
-        self._flushing: list[tuple[Envelope[Event], msgspec.Raw]] = []  # a write in flight
+        self._flushing: list[Envelope[Event]] = []  # a write in flight
+        self._flushing_raws: list[msgspec.Raw] = []
         self._flushing_lost: list[tuple[int, int]] = []
         self._journaled = opened.next_seq - 1
         self._sessions_seq = opened.next_seq - 1
@@ -408,7 +278,8 @@ class Journal:
         if len(pending) + len(self._flushing) >= self.max_pending:
             self._drop(envelope.seq)
             return
-        pending.append((envelope, raw))
+        pending.append(envelope)
+        self._pending_raws.append(raw)
         n = len(pending)
         if n == 1:
             self._wake.set()
@@ -515,18 +386,23 @@ class Journal:
         """Write everything queued so far in one transaction; ``False`` if the write failed."""
         if self._pending or self._lost:  # after a failed write: that batch and the new events
             self._flushing = self._flushing + self._pending
+            self._flushing_raws = self._flushing_raws + self._pending_raws
             self._flushing_lost = self._flushing_lost + self._lost
-            self._pending = []
-            self._lost = []
-        batch, lost = self._flushing, self._flushing_lost
+            self._pending, self._pending_raws, self._lost = [], [], []
+        batch, raws, lost = self._flushing, self._flushing_raws, self._flushing_lost
         if not batch and not lost:
             return True
-        head = max(batch[-1][0].seq if batch else 0, max((b for _, b in lost), default=0))
+        head = max(batch[-1].seq if batch else 0, max((b for _, b in lost), default=0))
         reserved = head + self.max_pending
         sessions = self._sessions(self._sessions_seq)
         try:
             written = await self.writer.write(
-                batch, [(a, b, "behind") for a, b in lost], sessions, head=head, reserved=reserved
+                batch,
+                raws,
+                [(a, b, "behind") for a, b in lost],
+                sessions,
+                head=head,
+                reserved=reserved,
             )
         except (sqlite3.Error, OSError) as exc:
             self._counters.write_errors += 1
@@ -538,7 +414,7 @@ class Journal:
                 self._failing = True
                 self._report(f"cannot write the journal {self.path}: {exc} (retrying)")
             return False
-        self._flushing, self._flushing_lost = [], []
+        self._flushing, self._flushing_raws, self._flushing_lost = [], [], []
         self._stalled = False
         self._journaled = max(self._journaled, head)
         self._sessions_seq = max(self._sessions_seq, head)
@@ -660,7 +536,7 @@ class Journal:
 
     def _unwritten(self) -> list[tuple[int, int]]:
         """Every seq queued or dropped and not written, as ranges."""
-        seqs = sorted(e.seq for e, _ in (*self._flushing, *self._pending))
+        seqs = sorted(e.seq for e in (*self._flushing, *self._pending))
         return _merge([*self._flushing_lost, *self._lost, *((seq, seq) for seq in seqs)])
 
     # -- resuming --------------------------------------------------------------
@@ -669,9 +545,13 @@ class Journal:
         """Capture seqs ``after < seq <= upto`` for a resume: call it synchronously."""
         db_upto = min(upto, self._journaled)
         entries = [
-            item
-            for item in (*self._flushing, *self._pending)
-            if db_upto < item[0].seq <= upto and item[0].seq > after
+            (envelope, raw)
+            for envelope, raw in zip(
+                (*self._flushing, *self._pending),
+                (*self._flushing_raws, *self._pending_raws),
+                strict=True,
+            )
+            if db_upto < envelope.seq <= upto and envelope.seq > after
         ]
         lost = [
             (max(a, db_upto + 1, after + 1), min(b, upto))

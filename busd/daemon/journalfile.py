@@ -301,15 +301,18 @@ class JournalFile:
 
     def write(
         self,
-        batch: Sequence[tuple[Envelope[Event], msgspec.Raw]],
+        envelopes: Sequence[Envelope[Event]],
+        raws: Sequence[msgspec.Raw],
         lost: Sequence[tuple[int, int, str]],
         sessions: Sequence[SessionRow],
         *,
         head: int,
         reserved: int,
     ) -> Written:
-        """One transaction: the events, the lost ranges, the sessions touched, the watermark."""
-        return self._write(_parameters(batch), len(batch), lost, sessions, head, reserved)
+        """One transaction: the events (``raws``: their bytes), the lost ranges, the sessions
+        touched, the watermark."""
+        parameters = _parameters(envelopes, raws)
+        return self._write(parameters, len(envelopes), lost, sessions, head, reserved)
 
     def write_raws(
         self,
@@ -488,10 +491,10 @@ class JournalFile:
 _COLUMNS: Final = 8  # parameters per row of _insert_events
 
 
-def _parameters(batch: Sequence[tuple[Envelope[Event], msgspec.Raw]]) -> list[Any]:
+def _parameters(envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw]) -> list[Any]:
     out: list[Any] = []
     extend = out.extend
-    for envelope, raw in batch:
+    for envelope, raw in zip(envelopes, raws, strict=True):
         extend(
             (
                 envelope.seq,

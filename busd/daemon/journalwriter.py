@@ -90,7 +90,8 @@ class Writer(Protocol):
 
     async def write(
         self,
-        batch: Sequence[tuple[Envelope[Event], msgspec.Raw]],
+        envelopes: Sequence[Envelope[Event]],
+        raws: Sequence[msgspec.Raw],
         lost: Sequence[tuple[int, int, str]],
         sessions: Sequence[SessionRow],
         *,
@@ -123,7 +124,8 @@ class ThreadWriter:
 
     async def write(
         self,
-        batch: Sequence[tuple[Envelope[Event], msgspec.Raw]],
+        envelopes: Sequence[Envelope[Event]],
+        raws: Sequence[msgspec.Raw],
         lost: Sequence[tuple[int, int, str]],
         sessions: Sequence[SessionRow],
         *,
@@ -132,7 +134,7 @@ class ThreadWriter:
     ) -> Written:
         file = self.file  # its methods are looked up in the thread: tests replace them
         return await trio.to_thread.run_sync(
-            lambda: file.write(batch, lost, sessions, head=head, reserved=reserved)
+            lambda: file.write(envelopes, raws, lost, sessions, head=head, reserved=reserved)
         )
 
     async def prune_target(self, retention: Retention, now: float, *, again: bool) -> int:
@@ -363,15 +365,16 @@ class ProcessWriter:
 
     async def write(
         self,
-        batch: Sequence[tuple[Envelope[Event], msgspec.Raw]],
+        envelopes: Sequence[Envelope[Event]],
+        raws: Sequence[msgspec.Raw],
         lost: Sequence[tuple[int, int, str]],
         sessions: Sequence[SessionRow],
         *,
         head: int,
         reserved: int,
     ) -> Written:
-        raws = [raw for _, raw in batch]
-        inserted, size = await self._call(_Write(raws, list(lost), list(sessions), head, reserved))
+        request = _Write(list(raws), list(lost), list(sessions), head, reserved)
+        inserted, size = await self._call(request)
         return Written(inserted, size)
 
     async def prune_target(self, retention: Retention, now: float, *, again: bool) -> int:
