@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import subprocess
@@ -133,16 +132,6 @@ async def serving(path: Path, *args: str) -> AsyncIterator[trio.Process]:
         for pipe in (process.stdout, process.stderr):
             if pipe is not None:
                 await pipe.aclose()
-
-
-def family(pid: int) -> list[int]:
-    """``pid`` and its descendants (``busd serve`` and its journal writer), from /proc."""
-    found = [pid]
-    for member in found:
-        for task in Path(f"/proc/{member}/task").glob("*"):
-            with contextlib.suppress(FileNotFoundError):  # the thread ended meanwhile
-                found += [int(child) for child in (task / "children").read_text().split()]
-    return found
 
 
 def load_module(path: Path, name: str) -> Any:

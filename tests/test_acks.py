@@ -32,7 +32,7 @@ from busd.wire import (
     Publish,
     Reply,
 )
-from tests.daemon_helpers import BUSD, RawClient, family, running_daemon, serving
+from tests.daemon_helpers import BUSD, RawClient, running_daemon, serving
 
 
 @pytest.fixture
@@ -251,8 +251,7 @@ async def test_busd_ingest_exits_non_zero_when_the_stream_is_not_journaled(
 ) -> None:
     async with serving(sock_path, "--journal", str(tmp_path / "j.sqlite3")) as daemon:
         if disk == "fails":  # no file of the daemon's may grow past 4 KiB (EFBIG)
-            for pid in family(daemon.pid):  # the daemon and its journal writer
-                resource.prlimit(pid, resource.RLIMIT_FSIZE, (4096, 4096))
+            resource.prlimit(daemon.pid, resource.RLIMIT_FSIZE, (4096, 4096))
         ingested = await busd_cli(
             "ingest",
             "--socket",

@@ -7,6 +7,7 @@ The in-process daemon tests at the end run a real daemon on a real socket
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -391,6 +392,24 @@ def counting(path: Path) -> CountingFile:
     assert isinstance(file, CountingFile)
     file.writes = []
     return file
+
+
+async def test_queued_events_give_the_garbage_collector_nothing_to_walk(jpath: Path) -> None:
+    """A tracked object per waiting event made every young collection walk them all."""
+    h = Harness(jpath)
+    sent = [(e, encode_envelope(e)) for e in (envelope(seq) for seq in range(1, 2001))]
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for e, raw in sent:
+            h.journal.append(e, raw)
+        allocated = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert allocated < 20  # a few list resizes at most, not one per event
+    assert await h.journal.flush()
+    assert [seq for seq, _ in h.read()] == list(range(1, 2001))
+    await h.journal.aclose()
 
 
 async def test_many_events_are_few_transactions(jpath: Path) -> None:

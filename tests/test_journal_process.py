@@ -46,7 +46,7 @@ from busd.core.events import (
 from busd.daemon.journalfile import SCHEMA_VERSION, JournalFile, JournalReader
 from busd.wire import Status
 
-from .daemon_helpers import BUSD, family, read_line, serving
+from .daemon_helpers import BUSD, read_line, serving
 
 SIGNATURE = "ErUBCkYIBRgCIkD0+signature/of/the/thinking=="
 
@@ -260,8 +260,7 @@ class FailingDisk:
         if self.how == "full-tmpfs":  # the file system has no free block left
             assert _write_until_full(self.filler) == errno.ENOSPC
         else:  # RLIMIT_FSIZE: no file of the daemon's may grow past 4 KiB (EFBIG)
-            for pid in family(daemon.pid):  # the daemon and its journal writer
-                resource.prlimit(pid, resource.RLIMIT_FSIZE, (4096, 4096))
+            resource.prlimit(daemon.pid, resource.RLIMIT_FSIZE, (4096, 4096))
 
     def heal(self) -> None:
         self.filler.unlink(missing_ok=True)  # a new daemon has no file size limit

@@ -7,7 +7,7 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import click
 import trio
@@ -122,14 +122,6 @@ UNJOURNALED = 3
     "[default: 1GiB].",
 )
 @click.option(
-    "--journal-writer",
-    type=click.Choice(["process", "thread"]),
-    default=None,
-    help="Where the journal's SQLite writes run: a process of their own, beside the daemon's "
-    "event loop, or its worker threads (no second process; more late events at window 0) "
-    "[default: the config file's [journal] writer, else process].",
-)
-@click.option(
     "--tool-timeout",
     type=Duration(),
     default=None,
@@ -192,7 +184,6 @@ def serve(
     no_journal: bool,
     journal_max_age: float | None,
     journal_max_size: int | None,
-    journal_writer: Literal["process", "thread"] | None,
     tool_timeout: float | None,
     tool_limits: tuple[str, ...],
     permission_timeout: float | None,
@@ -235,7 +226,6 @@ def serve(
         journal=None if no_journal else str(journal_path or _file_journal(policy)),
         journal_max_age=_limit(journal_max_age, age_from_file, DEFAULT_MAX_AGE),
         journal_max_size=_limit(journal_max_size, size_from_file, DEFAULT_MAX_SIZE),
-        journal_writer=journal_writer or policy.journal.writer,
         plugin_options=_plugin_options(
             policy.plugins,
             nats={

@@ -31,7 +31,6 @@
     path = "~/.local/state/busd/journal.sqlite3"
     max_age = "30d"           # s, m, h, d, w; 0: no limit
     max_size = "1GiB"         # KiB, MiB, GiB, TiB or bytes; 0: no limit
-    writer = "process"        # or "thread": where its SQLite writes run
 
     [roles]                   # narrow what a role may change (docs/operations.md)
     frontend = ["permission_reply"]   # frontends answer, but start and cancel nothing
@@ -50,7 +49,7 @@ import math
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -138,7 +137,6 @@ class _Journal(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     path: str | None = None
     max_age: str | float | None = None
     max_size: str | int | None = None
-    writer: Literal["process", "thread"] = "process"
 
     def limits(self) -> tuple[float | None, int | None]:
         """``(max_age seconds, max_size bytes)``; ``None`` where the file says nothing.

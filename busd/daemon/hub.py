@@ -78,7 +78,6 @@ from .journal import (
     Retention,
     session_row,
 )
-from .journalwriter import WriterKind
 from .runs import RunManager
 from .subscription import Subscription
 
@@ -133,8 +132,6 @@ class DaemonConfig:
     """Bytes of journal before its oldest events go (None: no limit)."""
     journal_max_pending: int = DEFAULT_MAX_PENDING
     """Events waiting for the disk before further ones are not journaled."""
-    journal_writer: WriterKind = "thread"
-    """Where the journal's writes run (``busd serve``: a process; docs/journal.md)."""
     plugin_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per plugin name, its options (``[plugins.NAME]`` in the config file, some flags)."""
     grants: Mapping[Role, frozenset[Right]] = field(default_factory=lambda: dict(DEFAULT_GRANTS))
@@ -263,7 +260,6 @@ class Daemon:
             report=self._journal_problem,
             retention=Retention(max_age=config.journal_max_age, max_size=config.journal_max_size),
             max_pending=config.journal_max_pending,
-            writer=config.journal_writer,
         )
         for record in journal.restored:
             self.sessions.restore(record, stats=record.stats, context=record.context)

@@ -3,9 +3,8 @@
 The daemon hands each accepted envelope and its msgpack bytes (the ones it
 already encoded for fan-out) to :meth:`Journal.append`: a list append, on
 the hot path and synchronous. :meth:`Journal.run` writes what piled up in
-one transaction per batch, every ``interval`` seconds or every
-``batch_events`` events, whichever comes first: in a process of its own
-(``busd serve``) or a worker thread (:mod:`.journalwriter` says why). The highest seq
+one transaction per batch, in a worker thread, every ``interval`` seconds
+or every ``batch_events`` events, whichever comes first. The highest seq
 committed is the *journaled watermark* (``status.journal.journaled_seq``):
 every event up to it is in the file, or listed as lost.
 
@@ -34,9 +33,9 @@ seq: everything older than ``max_age``, and more while the file is over
 ``max_size``. Sessions whose events are all gone go with them.
 
 :class:`JournalFile` is the writer and :class:`JournalReader` a read-only
-view (``busd sessions``, ``busd export``, resumes); both are synchronous
-(:mod:`.journalfile`); :class:`Journal` is the Trio shell; a resume reads a
-:class:`JournalSpan` (:mod:`.journalspan`).
+view (``busd sessions``, ``busd export``, resumes); both are synchronous and
+run in worker threads (:mod:`.journalfile`); :class:`Journal` is the Trio
+shell; a resume reads a :class:`JournalSpan` (:mod:`.journalspan`).
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, TypeAlias
 
 import msgspec
@@ -68,7 +68,6 @@ from .journalfile import (
     session_row,
 )
 from .journalspan import Found, JournalSpan, Missing, memory_items, page_items
-from .journalwriter import ProcessWriter, ThreadWriter, Writer, WriterKind
 
 __all__ = [
     "DEFAULT_MAX_AGE",
@@ -180,7 +179,6 @@ class Journal:
         after a given seq (the daemon's registry, through :func:`session_row`).
     :param report: told, once per episode, that events were not journaled
         or that writes fail (the daemon publishes it as ``busd.internal.error``).
-    :param writer: where the SQLite work runs (default: worker threads, on ``file``).
     """
 
     def __init__(
@@ -195,12 +193,10 @@ class Journal:
         interval: float = DEFAULT_INTERVAL,
         batch_events: int = DEFAULT_BATCH_EVENTS,
         max_wait: float = DEFAULT_MAX_WAIT,
-        writer: Writer | None = None,
     ) -> None:
         if max_pending < 2:
             raise ValueError("max_pending must be at least 2")
         self.file = file
-        self.writer: Writer = writer if writer is not None else ThreadWriter(file)
         self.path = file.path
         self.retention = retention if retention is not None else Retention()
         self.max_pending = max_pending
@@ -249,7 +245,6 @@ class Journal:
         *,
         sessions: SessionsSince,
         keep_sessions: int = 10_000,
-        writer: WriterKind = "thread",
         **options: Any,
     ) -> Journal:
         """Open the file, recover from an unclean stop, reserve seqs (:class:`JournalError`)."""
@@ -258,8 +253,7 @@ class Journal:
             opened = file.recover(
                 reserve=options.get("max_pending", DEFAULT_MAX_PENDING), sessions=keep_sessions
             )
-            chosen = ProcessWriter(file) if writer == "process" else ThreadWriter(file)
-            return cls(file, opened, sessions=sessions, writer=chosen, **options)
+            return cls(file, opened, sessions=sessions, **options)
         except sqlite3.Error as exc:
             file.close()
             raise JournalError(f"cannot use the journal {path}: {exc}") from None
@@ -396,13 +390,15 @@ class Journal:
         reserved = head + self.max_pending
         sessions = self._sessions(self._sessions_seq)
         try:
-            written = await self.writer.write(
-                batch,
-                raws,
-                [(a, b, "behind") for a, b in lost],
-                sessions,
-                head=head,
-                reserved=reserved,
+            written = await trio.to_thread.run_sync(
+                lambda: self.file.write(
+                    batch,
+                    raws,
+                    [(a, b, "behind") for a, b in lost],
+                    sessions,
+                    head=head,
+                    reserved=reserved,
+                )
             )
         except (sqlite3.Error, OSError) as exc:
             self._counters.write_errors += 1
@@ -445,7 +441,6 @@ class Journal:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write batches, and apply retention at start, every 10 minutes and when over size."""
-        await self.writer.start()
         task_status.started()
         prune_at = trio.current_time()
         while True:
@@ -474,24 +469,26 @@ class Journal:
         removed = 0
         try:
             for again in range(_PRUNE_ROUNDS):
-                target = await self.writer.prune_target(self.retention, when, again=again > 0)
+                target = await trio.to_thread.run_sync(
+                    partial(self.file.prune_target, self.retention, when, again=again > 0)
+                )
                 if target <= self._counters.floor:
                     break
                 while target > self._counters.floor:
-                    floor, count = await self.writer.prune_step(target)
+                    floor, count = await trio.to_thread.run_sync(self.file.prune_step, target)
                     self._counters.floor = floor
                     self._counters.events -= count
                     removed += count
                     if self.pending >= self.batch_events:
                         await self.flush()  # a long prune does not hold the writes up
-                self._counters.bytes = await self.writer.vacuum()
+                self._counters.bytes = await trio.to_thread.run_sync(self.file.vacuum)
             if removed:
                 logger.info(
                     "journal retention removed %d events (up to seq %d)",
                     removed,
                     self._counters.floor,
                 )
-        except (sqlite3.Error, OSError) as exc:
+        except sqlite3.Error as exc:
             logger.error("journal retention failed on %s: %s", self.path, exc)
         return removed
 
@@ -510,18 +507,20 @@ class Journal:
             await self.flush()  # reports published meanwhile are written by the next round
         unwritten = self._unwritten()
         given = max(self._given, self._journaled)
-        try:
-            await self.writer.release(given, unwritten)
-            outcome = f"recorded as lost in the journal; the next start continues after {given}"
-        except (sqlite3.Error, OSError) as exc:
-            logger.error("cannot record the stop in the journal %s: %s", self.path, exc)
-            if self.file.reserve_beside(given):
-                outcome = f"the next start skips them (reserved up to {given} in the lock file)"
-            else:
-                outcome = "nothing could record them: the next start may give these seqs again"
-        finally:
-            await self.writer.aclose()
-            await trio.to_thread.run_sync(self.file.close)
+
+        def finish() -> str:
+            try:
+                self.file.release(given, unwritten)
+                return f"recorded as lost in the journal; the next start continues after {given}"
+            except (sqlite3.Error, OSError) as exc:
+                logger.error("cannot record the stop in the journal %s: %s", self.path, exc)
+                if self.file.reserve_beside(given):
+                    return f"the next start skips them (reserved up to {given} in the lock file)"
+                return "nothing could record them: the next start may give these seqs again"
+            finally:
+                self.file.close()
+
+        outcome = await trio.to_thread.run_sync(finish)
         self.unjournaled = unwritten
         self._lost_log = _merge([*self._lost_log, *unwritten])
         self._closed = True
@@ -572,8 +571,6 @@ class Journal:
             "lost": c.lost,
             "duplicates": c.duplicates,
             "write_errors": c.write_errors,
-            "writer": self.writer.kind,
-            "writer_restarts": self.writer.restarts,
             "max_age_s": self.retention.max_age,
             "max_size": self.retention.max_size,
         }

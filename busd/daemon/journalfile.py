@@ -156,55 +156,13 @@ class Written:
     bytes: int
 
 
-def _configure(conn: sqlite3.Connection, path: Path) -> None:
-    """The writer's settings (per connection, WAL aside)."""
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    if mode != "wal":
-        raise JournalError(f"{path}: SQLite cannot use WAL mode there ({mode})")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA cache_size = -16384")  # KiB: the indexes' hot pages stay
-    conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT}")
-    conn.execute("PRAGMA busy_timeout = 5000")
-
-
 class JournalFile:
     """The writer: one open, locked journal. Synchronous; call it from one thread at a time."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, lock: JournalLock | None) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, lock: JournalLock) -> None:
         self.path = path
         self._conn = conn
         self._lock = lock
-
-    @classmethod
-    def attach(cls, path: str | os.PathLike[str]) -> JournalFile:
-        """A second writer on a journal another object opened and holds the lock of.
-
-        For the writer process (:mod:`.journalwriter`): the daemon opened,
-        checked and recovered the file; the lock is the daemon's, inherited.
-        It cannot reserve in the lock file (:meth:`reserve_beside` says so).
-        """
-        path = Path(path)
-        try:
-            conn = _connect(path, read_only=False)
-        except sqlite3.Error as exc:
-            raise JournalError(f"cannot open the journal {path}: {exc}") from None
-        try:
-            _check(conn, path, create=False)
-            _configure(conn, path)
-        except sqlite3.Error as exc:
-            conn.close()
-            raise JournalError(f"cannot open the journal {path}: {exc}") from None
-        except BaseException:
-            conn.close()
-            raise
-        return cls(path, conn, None)
-
-    @property
-    def lock_fd(self) -> int:
-        """The lock file's descriptor (a child that inherits it holds the lock too)."""
-        if self._lock is None:
-            raise JournalError(f"{self.path} is attached, not locked here")
-        return self._lock.fd
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, check_within: float = 5.0) -> JournalFile:
@@ -238,7 +196,13 @@ class JournalFile:
                         f"the journal {path} is damaged ({exc}): `busd journal recover "
                         f"--journal {path}` keeps what is readable"
                     ) from None
-            _configure(conn, path)
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise JournalError(f"{path}: SQLite cannot use WAL mode there ({mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA cache_size = -16384")  # KiB: the indexes' hot pages stay
+            conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT}")
+            conn.execute("PRAGMA busy_timeout = 5000")
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
@@ -262,8 +226,7 @@ class JournalFile:
         """
         conn = self._conn
         meta = self._meta()
-        beside = 0 if self._lock is None else self._lock.previous
-        head, reserved = meta["head"], max(meta["reserved"], beside)
+        head, reserved = meta["head"], max(meta["reserved"], self._lock.previous)
         crashed = (head + 1, reserved) if reserved > head else None
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -311,39 +274,15 @@ class JournalFile:
     ) -> Written:
         """One transaction: the events (``raws``: their bytes), the lost ranges, the sessions
         touched, the watermark."""
-        parameters = _parameters(envelopes, raws)
-        return self._write(parameters, len(envelopes), lost, sessions, head, reserved)
-
-    def write_raws(
-        self,
-        raws: Sequence[msgspec.Raw | bytes],
-        lost: Sequence[tuple[int, int, str]],
-        sessions: Sequence[SessionRow],
-        *,
-        head: int,
-        reserved: int,
-    ) -> Written:
-        """:meth:`write` from the envelopes' bytes alone (the writer process gets no objects)."""
-        return self._write(_raw_parameters(raws), len(raws), lost, sessions, head, reserved)
-
-    def _write(
-        self,
-        parameters: list[Any],
-        count: int,
-        lost: Sequence[tuple[int, int, str]],
-        sessions: Sequence[SessionRow],
-        head: int,
-        reserved: int,
-    ) -> Written:
         conn = self._conn
         before = conn.total_changes
         conn.execute("BEGIN IMMEDIATE")
         try:
             # Many rows per statement: far fewer trips between Python and SQLite.
             start = 0
-            for size in _chunks(count):
+            for size in _chunks(len(envelopes)):
                 stop = start + size
-                conn.execute(_insert_events(size), parameters[start * _COLUMNS : stop * _COLUMNS])
+                conn.execute(_insert_events(size), _parameters(envelopes, raws, start, stop))
                 start = stop
             inserted = conn.total_changes - before
             if lost:
@@ -382,8 +321,6 @@ class JournalFile:
 
     def reserve_beside(self, seq: int) -> bool:
         """Reserve up to ``seq`` in the lock file (no new block needed); ``False`` if it failed."""
-        if self._lock is None:
-            return False  # attached: the lock's holder reserves
         try:
             self._lock.reserve(seq)
         except OSError:
@@ -484,17 +421,16 @@ class JournalFile:
         with contextlib.suppress(sqlite3.Error):
             self._conn.execute("PRAGMA optimize")
         self._conn.close()
-        if self._lock is not None:
-            self._lock.close()
+        self._lock.close()
 
 
-_COLUMNS: Final = 8  # parameters per row of _insert_events
-
-
-def _parameters(envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw]) -> list[Any]:
+def _parameters(
+    envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw], start: int, stop: int
+) -> list[Any]:
     out: list[Any] = []
     extend = out.extend
-    for envelope, raw in zip(envelopes, raws, strict=True):
+    for i in range(start, stop):
+        envelope = envelopes[i]
         extend(
             (
                 envelope.seq,
@@ -504,39 +440,9 @@ def _parameters(envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw
                 envelope.run_id,
                 envelope.event.__struct_config__.tag,
                 envelope.stale,
-                raw,
+                raws[i],
             )
         )
-    return out
-
-
-class _Tagged(msgspec.Struct):
-    type: str
-
-
-class _Columns(msgspec.Struct):
-    """What the ``events`` row takes from an envelope; the defaults are :class:`Envelope`'s."""
-
-    seq: int
-    ts: float
-    event: _Tagged
-    session_id: str | None = None
-    run_id: str | None = None
-    stale: bool = False
-    id: str = ""
-
-
-_columns = msgspec.msgpack.Decoder(_Columns)
-
-
-def _raw_parameters(raws: Sequence[msgspec.Raw | bytes]) -> list[Any]:
-    """:func:`_parameters` read back from the envelopes' bytes."""
-    out: list[Any] = []
-    extend = out.extend
-    decode = _columns.decode
-    for raw in raws:
-        c = decode(raw)
-        extend((c.seq, c.id, c.ts, c.session_id, c.run_id, c.event.type, c.stale, raw))
     return out
 
 

@@ -1,7 +1,6 @@
 """The journal's lock file: one writer at a time, and a seq reservation that needs no free space.
 
-``PATH.lock`` is held with ``flock`` by the daemon that writes the journal
-(and by its writer process, which inherits the descriptor).
+``PATH.lock`` is held with ``flock`` by the daemon that writes the journal.
 It holds one fixed-size record: the holder's pid and a seq reservation (no
 seq above it has been given). The database keeps its own reservation
 (``meta.reserved``), written with every batch; this one is the fallback
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -24,10 +22,6 @@ __all__ = ["RECORD_SIZE", "JournalLock", "LockHeld"]
 
 RECORD_SIZE: Final = 64
 """Bytes of the record: ``PID\\nRESERVED\\n``, padded with spaces."""
-ORPHAN_WAIT: Final = 30.0
-"""Seconds to wait for the lock when the daemon that holds it is dead: its writer process is
-finishing its last statement, and then exits."""
-_POLL = 0.02
 
 
 class LockHeld(Exception):
@@ -61,16 +55,16 @@ class JournalLock:
     """The reservation the last holder left (0: none)."""
 
     @classmethod
-    def acquire(cls, journal: Path, *, orphan_wait: float = ORPHAN_WAIT) -> JournalLock:
-        """Take ``JOURNAL.lock`` (:class:`LockHeld` if taken, ``OSError`` if it cannot be).
-
-        Held, but by a daemon that is dead: wait up to ``orphan_wait`` seconds
-        for its writer process to exit.
-        """
+    def acquire(cls, journal: Path) -> JournalLock:
+        """Take ``JOURNAL.lock`` (:class:`LockHeld` if taken, ``OSError`` if it cannot be)."""
         path = journal.with_name(journal.name + ".lock")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
-            _take(fd, orphan_wait)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid, _ = _parse(os.pread(fd, RECORD_SIZE, 0))
+            os.close(fd)
+            raise LockHeld(pid) from None
         except BaseException:
             os.close(fd)
             raise
@@ -90,26 +84,3 @@ class JournalLock:
 
     def close(self) -> None:
         os.close(self.fd)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's
-    return True
-
-
-def _take(fd: int, orphan_wait: float) -> None:
-    deadline = time.monotonic() + orphan_wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pid, _ = _parse(os.pread(fd, RECORD_SIZE, 0))
-            if pid is None or _alive(pid) or time.monotonic() >= deadline:
-                raise LockHeld(pid) from None
-        time.sleep(_POLL)  # synchronous: the daemon is not serving yet

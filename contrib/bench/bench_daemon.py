@@ -12,9 +12,7 @@ a subscription that is behind encodes its own ``events`` frame.
 
 It runs twice per subscriber count: without a journal, and with one as
 ``busd serve`` runs by default (SQLite in a temporary directory, the
-default retention), but written from a worker thread, whose CPU this
-process's clock sees (``busd serve`` writes from a process of its own;
-``bench_journal.py`` measures that). The writer thread counts: the figure is the
+default retention). The journal's writer thread counts: the figure is the
 CPU time of the whole process (``time.process_time``) from the first
 frame until every subscription has delivered and, with the journal, every
 event is in the file.

@@ -303,21 +303,6 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def family_cpu_seconds(pid: int) -> tuple[float, float]:
-    """:func:`cpu_seconds` of the process and its children (busd's journal writer)."""
-    pids = [pid]
-    for member in pids:
-        for task in Path(f"/proc/{member}/task").glob("*"):
-            with contextlib.suppress(FileNotFoundError):  # the thread ended meanwhile
-                pids += [int(child) for child in (task / "children").read_text().split()]
-    user = kernel = 0.0
-    for member in pids:
-        with contextlib.suppress(FileNotFoundError):  # it exited meanwhile
-            u, k = cpu_seconds(member)
-            user, kernel = user + u, kernel + k
-    return user, kernel
-
-
 def rss_bytes(pid: int) -> int:
     """The process's resident set size, from ``/proc/PID/status``."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -357,11 +342,11 @@ def measure(
         started.append(publisher)
         for worker in (*subs, publisher):
             worker.message(30 + subscribers)  # ready: connected, and subscribed
-        server_cpu = family_cpu_seconds(server.worker.proc.pid)
+        server_cpu = cpu_seconds(server.worker.proc.pid)
         publisher.go()
         sent = publisher.message(timeout)
         results = [sub.message(timeout) for sub in subs]
-        user, kernel = family_cpu_seconds(server.worker.proc.pid)
+        user, kernel = cpu_seconds(server.worker.proc.pid)
         outcome.cpu_server_user = user - server_cpu[0]
         outcome.cpu_server_system = kernel - server_cpu[1]
         outcome.cpu_server = outcome.cpu_server_user + outcome.cpu_server_system

@@ -1,7 +1,6 @@
 """The journal's cost: events/s through the daemon with the journal on and off, in one command.
 
     python contrib/bench/bench_journal.py [--events 200000] [--subscribers 1] [--repeat 3]
-        [--writers process thread]
 
 Two ``busd serve`` processes, one with ``--journal`` (a fresh file in a
 temporary directory) and one with ``--no-journal``, each measured the way
@@ -15,9 +14,6 @@ with the median p99 counts). ``--window-ms 0`` shows what the journal's
 writes do to the tail; at the default 16 ms the window hides it. After
 the runs, the journaled daemon's ``status`` must show every event
 journaled (nothing lost to a slow disk) and the file's size is reported.
-``--writers process thread`` runs a journaled daemon per writer
-(``--journal-writer``; the default is busd serve's, ``process``), for the
-two side by side. The daemon's CPU includes its writer process's.
 """
 
 from __future__ import annotations
@@ -43,16 +39,11 @@ from bench_fanout import (
 from fanout_report import Outcome, best, median_p99, percentile, table
 
 
-def start_busd(
-    procs: Processes, tmp: Path, name: str, journal: Path | None, writer: str = "process"
-) -> Server:
+def start_busd(procs: Processes, tmp: Path, name: str, journal: Path | None) -> Server:
     path = tmp / f"{name}.sock"
     argv = [PYTHON, "-m", "busd", "serve", "--socket", str(path), "--log-level", "warning"]
     argv += ["--outbound-cap", str(OUTBOUND_CAP)]
-    if journal is not None:
-        argv += ["--journal", str(journal), "--journal-writer", writer]
-    else:
-        argv += ["--no-journal"]
+    argv += ["--journal", str(journal)] if journal is not None else ["--no-journal"]
     worker = procs.start(name, argv, server=True)
     _wait_connectable(socket.AF_UNIX, str(path), worker)
     return Server("busd", str(path), worker)
@@ -73,28 +64,19 @@ def main() -> None:
         default=3,
         help="alternating latency runs of each daemon; the one with the median p99 counts",
     )
-    parser.add_argument(
-        "--writers",
-        nargs="+",
-        choices=["process", "thread"],
-        default=["process"],
-        help="a journaled daemon with each --journal-writer",
-    )
     args = parser.parse_args()
     if args.latency_rounds < 1:
         parser.error("--latency-rounds must be at least 1")
 
     with terminate_on_sigterm(), tempfile.TemporaryDirectory(prefix="busd-journal-") as name:
         tmp = Path(name)
-        journals = {w: tmp / "state" / f"journal-{w}.sqlite3" for w in args.writers}
-        labels = {w: "journal on" if len(journals) == 1 else f"journal on, {w}" for w in journals}
+        journal = tmp / "state" / "journal.sqlite3"
         procs = Processes(tmp)
         try:
             servers = {
-                labels[w]: start_busd(procs, tmp, f"on-{w}", path, w)
-                for w, path in journals.items()
+                "journal on": start_busd(procs, tmp, "on", journal),
+                "journal off": start_busd(procs, tmp, "off", None),
             }
-            servers["journal off"] = start_busd(procs, tmp, "off", None)
             for server in servers.values():
                 measure(procs, server, subscribers=1, events=args.warmup)
 
@@ -118,10 +100,10 @@ def main() -> None:
             )
             latency = {label: median_p99(outcomes) for label, outcomes in latency_runs.items()}
             time.sleep(0.2)  # a few write intervals, for the last batch
-            statuses = {w: daemon_status(servers[labels[w]]) for w in journals}
+            on = daemon_status(servers["journal on"])
         finally:
             procs.stop_all()
-        sizes = {w: path.stat().st_size if path.exists() else 0 for w, path in journals.items()}
+        size = journal.stat().st_size if journal.exists() else 0
 
     outcomes = {label: best(outcomes) for label, outcomes in runs.items()}
     rows = []
@@ -142,24 +124,18 @@ def main() -> None:
     )
     header = ["daemon", "events/s", "daemon CPU µs/event", "p50 ms", "p99 ms"]
     print(table([*header, "p99 of each round"], rows))
+    rate_on = outcomes["journal on"].rate
     rate_off = outcomes["journal off"].rate
-    print()
-    for w in journals:
-        rate_on = outcomes[labels[w]].rate
-        if rate_on and rate_off:
-            print(f"ratio {labels[w]}/off: {rate_on / rate_off:.2f}")
-    lost = 0
-    for w, on in statuses.items():
-        journal_status = on["journal"]
-        assert isinstance(journal_status, dict)
-        assert journal_status["writer"] == w, journal_status
-        print(
-            f"{labels[w]}: {journal_status['events']:,} events, {sizes[w] / 1e6:.1f} MB, "
-            f"journaled_seq {journal_status['journaled_seq']:,} of head {on['head_seq']:,}, "
-            f"lost {journal_status['lost']}, writer restarts {journal_status['writer_restarts']}"
-        )
-        lost += journal_status["lost"]
-    if lost:
+    if rate_on and rate_off:
+        print(f"\nratio on/off: {rate_on / rate_off:.2f}")
+    journal_status = on["journal"]
+    assert isinstance(journal_status, dict)
+    print(
+        f"journal: {journal_status['events']:,} events, {size / 1e6:.1f} MB, "
+        f"journaled_seq {journal_status['journaled_seq']:,} of head {on['head_seq']:,}, "
+        f"lost {journal_status['lost']}"
+    )
+    if journal_status["lost"]:
         sys.exit("the journal fell behind: events were not journaled")
 
 
