@@ -378,13 +378,13 @@ class CountingFile(JournalFile):
     gate: threading.Event | None = None
     entered: trio.Event | None = None
 
-    def write(self, batch: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def write(self, envelopes: Any, *args: Any, **kwargs: Any) -> Any:
         if self.gate is not None:
             if self.entered is not None:
                 trio.from_thread.run_sync(self.entered.set)
             assert self.gate.wait(30)
-        self.writes.append(len(batch))
-        return super().write(batch, *args, **kwargs)
+        self.writes.append(len(envelopes))
+        return super().write(envelopes, *args, **kwargs)
 
 
 def counting(path: Path) -> CountingFile:
