@@ -6,8 +6,10 @@ number of readers (``busd sessions``, ``busd export``, resuming clients)
 read it at the same time, daemon or not: WAL mode lets them.
 
 What is stored (docs/journal.md has the full schema): ``events``, one row
-per accepted event keyed by ``seq`` with its id, time, session, run, type
-and msgpack envelope; ``lost``, seq ranges the daemon accepted but could
+per accepted event keyed by ``seq``: its id and its msgpack envelope
+(readers decode the envelope's head for its time, session, run and type;
+schema 1 files, which had those as columns too, are rebuilt as schema 2
+by the writer that opens them); ``lost``, seq ranges the daemon accepted but could
 not journal; ``sessions``, each session's summary as last written, with its
 final usage, stats and context; ``meta``, the head seq, the seq reservation,
 the retention floor and the event count. ``PRAGMA user_version`` is the
@@ -17,9 +19,11 @@ schema version and ``PRAGMA application_id`` says the file is busd's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +40,15 @@ from .journalrows import (
     _SESSION_COLUMNS,
     _UPSERT_SESSION,
     APPLICATION_ID,
+    MIGRATE_1_TO_2,
+    READS_VERSIONS,
     SCHEMA_VERSION,
     SessionRecord,
     SessionRow,
     _chunks,
     _insert_events,
     _record,
+    event_head,
     session_row,
 )
 from .journalunits import parse_duration, parse_size
@@ -65,6 +72,8 @@ __all__ = [
     "parse_size",
     "session_row",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_AGE: Final = 30 * 86_400.0
 DEFAULT_MAX_SIZE: Final = 1 << 30
@@ -99,8 +108,11 @@ def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
 
 
-def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> bool:
-    """Create the schema in an empty file (``False``), or check it is a journal we read."""
+def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> int | None:
+    """Create the schema in an empty file (``None``), or check it is a journal we read.
+
+    Returns the existing file's schema version (one of ``READS_VERSIONS``).
+    """
     try:
         app = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -114,7 +126,7 @@ def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> bool:
         conn.execute("PRAGMA page_size = 8192")  # before WAL mode; fewer, fuller pages
         conn.execute("PRAGMA journal_mode = WAL")
         conn.executescript(_SCHEMA)
-        return False
+        return None
     if app != APPLICATION_ID:
         raise JournalError(f"{path} is an SQLite database but not a busd journal")
     if version > SCHEMA_VERSION:
@@ -122,9 +134,31 @@ def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> bool:
             f"{path} was written by a newer busd (journal schema {version}; this busd "
             f"reads {SCHEMA_VERSION}): use that busd, or another --journal"
         )
-    if version < SCHEMA_VERSION:
+    if version not in READS_VERSIONS:
         raise JournalError(f"{path} has journal schema {version}, which this busd cannot read")
-    return True
+    return int(version)
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Rebuild a schema 1 journal as schema 2, once, before anything is written to it."""
+    started = time.monotonic()
+    try:
+        conn.executescript(MIGRATE_1_TO_2)
+    except sqlite3.Error as exc:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise JournalError(
+            f"cannot rebuild the journal {path} (schema 1) as schema 2: {exc}; "
+            "it is unchanged, and the busd that wrote it still reads it"
+        ) from None
+    conn.executescript("PRAGMA incremental_vacuum;")  # the old table's pages
+    events = conn.execute("SELECT value FROM meta WHERE key = 'events'").fetchone()[0]
+    logger.info(
+        "journal %s: rebuilt as schema 2 (%d events, %.1f s)",
+        path,
+        events,
+        time.monotonic() - started,
+    )
 
 
 def _lock(path: Path) -> JournalLock:
@@ -188,7 +222,8 @@ class JournalFile:
         conn: sqlite3.Connection | None = None
         try:
             conn = _connect(path, read_only=False)
-            if _check(conn, path, create=True):
+            version = _check(conn, path, create=True)
+            if version is not None:
                 try:
                     quick_check(conn, within=check_within)
                 except Damaged as exc:
@@ -203,6 +238,8 @@ class JournalFile:
             conn.execute("PRAGMA cache_size = -16384")  # KiB: the indexes' hot pages stay
             conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT}")
             conn.execute("PRAGMA busy_timeout = 5000")
+            if version == 1:
+                _migrate(conn, path)
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
@@ -362,9 +399,9 @@ class JournalFile:
 
         def at(seq: int) -> tuple[int, float]:
             row = conn.execute(
-                "SELECT seq, ts FROM events WHERE seq >= ? ORDER BY seq LIMIT 1", (seq,)
+                "SELECT seq, envelope FROM events WHERE seq >= ? ORDER BY seq LIMIT 1", (seq,)
             ).fetchone()
-            return int(row[0]), float(row[1])
+            return int(row[0]), event_head(row[1]).ts
 
         lo_hi = conn.execute("SELECT min(seq), max(seq) FROM events").fetchone()
         if lo_hi[0] is None:
@@ -431,18 +468,7 @@ def _parameters(
     extend = out.extend
     for i in range(start, stop):
         envelope = envelopes[i]
-        extend(
-            (
-                envelope.seq,
-                envelope.id,
-                envelope.ts,
-                envelope.session_id,
-                envelope.run_id,
-                envelope.event.__struct_config__.tag,
-                envelope.stale,
-                raws[i],
-            )
-        )
+        extend((envelope.seq, envelope.id, raws[i]))
     return out
 
 
@@ -500,22 +526,20 @@ class JournalReader:
         limit: int = PAGE_ROWS,
         sessions: Sequence[str] | None = None,
     ) -> Page:
-        """Rows with ``after < seq <= upto`` (at most ``limit``), in one read transaction."""
+        """Rows with ``after < seq <= upto`` (at most ``limit`` read), in one read transaction.
+
+        ``sessions``: only those sessions' events (read, then left out). An
+        envelope that does not decode is reported lost, as a one-seq range.
+        """
         conn = self._conn
-        where = "seq > ? AND seq <= ?"
-        params: list[Any] = [after, upto]
-        if sessions is not None:
-            where += f" AND session_id IN ({', '.join('?' * len(sessions))})"
-            params += sessions
         conn.execute("BEGIN")
         try:
             floor = conn.execute("SELECT value FROM meta WHERE key = 'floor'").fetchone()[0]
-            rows: list[Row] = conn.execute(
-                "SELECT seq, type, session_id, run_id, stale, envelope FROM events "
-                f"WHERE {where} ORDER BY seq LIMIT ?",
-                (*params, limit),
+            stored = conn.execute(
+                "SELECT seq, envelope FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                (after, upto, limit),
             ).fetchall()
-            end = rows[-1][0] if len(rows) == limit else upto
+            end = stored[-1][0] if len(stored) == limit else upto
             lost = conn.execute(
                 "SELECT from_seq, to_seq FROM lost WHERE to_seq > ? AND from_seq <= ? "
                 "ORDER BY from_seq",
@@ -523,7 +547,19 @@ class JournalReader:
             ).fetchall()
         finally:
             conn.execute("COMMIT")
-        return Page(floor, rows, [(a, b) for a, b in lost], end)
+        ranges = [(a, b) for a, b in lost]
+        rows: list[Row] = []
+        keep = None if sessions is None else set(sessions)
+        for seq, blob in stored:
+            try:
+                head = event_head(blob)
+            except msgspec.DecodeError:
+                ranges.append((seq, seq))
+                continue
+            if keep is None or head.session_id in keep:
+                rows.append((seq, head.event.type, head.session_id, head.run_id, head.stale, blob))
+        ranges.sort()
+        return Page(floor, rows, ranges, end)
 
     def sessions(self, limit: int | None = None) -> list[SessionRecord]:
         """Journaled sessions, most recently active first."""
@@ -542,9 +578,22 @@ class JournalReader:
         return None if row is None else _record(row, floor)
 
     def session_events(self, session_id: str) -> Iterator[bytes]:
-        """The msgpack envelopes of one session, in seq order."""
+        """The msgpack envelopes of one session, in seq order.
+
+        Read from the session's first to its last seq (its ``sessions`` row),
+        keeping its own: rows have no session column or index to look up.
+        """
+        span = self._conn.execute(
+            "SELECT first_seq, last_seq FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        first, last = span if span is not None else (0, 2**63 - 1)
         cursor = self._conn.execute(
-            "SELECT envelope FROM events WHERE session_id = ? ORDER BY seq", (session_id,)
+            "SELECT envelope FROM events WHERE seq >= ? AND seq <= ? ORDER BY seq", (first, last)
         )
         for (blob,) in cursor:
-            yield blob
+            try:
+                head = event_head(blob)
+            except msgspec.DecodeError:
+                continue
+            if head.session_id == session_id:
+                yield blob

@@ -69,7 +69,7 @@ def _move_aside(path: Path, stamp: str) -> Path:
 
 
 def _rows(
-    old: sqlite3.Connection, table: str, key: str, start: int, end: int
+    old: sqlite3.Connection, table: str, key: str, start: int, end: int, columns: str = "*"
 ) -> Iterator[tuple[Any, ...] | int]:
     """Rows of ``table`` with ``start < key <= end`` in order; an int is a key it could not read.
 
@@ -80,7 +80,8 @@ def _rows(
     while cursor < end:
         try:
             rows = old.execute(
-                f"SELECT {key}, * FROM {table} WHERE {key} > ? AND {key} <= ? ORDER BY {key} "
+                f"SELECT {key}, {columns} FROM {table} WHERE {key} > ? AND {key} <= ? "
+                f"ORDER BY {key} "
                 "LIMIT ?",
                 (cursor, end, _CHUNK),
             ).fetchall()
@@ -89,7 +90,7 @@ def _rows(
             for probe in range(cursor + 1, stop + 1):
                 try:
                     row = old.execute(
-                        f"SELECT {key}, * FROM {table} WHERE {key} = ?", (probe,)
+                        f"SELECT {key}, {columns} FROM {table} WHERE {key} = ?", (probe,)
                     ).fetchone()
                 except sqlite3.DatabaseError:
                     yield probe
@@ -131,11 +132,12 @@ def _copy(
     end = max(meta.get("head", 0), meta.get("reserved", 0), top or 0, reserved)
     bad: list[int] = []
     envelope_ok = _envelope_check()
-    for row in _rows(old, "events", "seq", meta.get("floor", 0), end):
+    # The columns schema 1 and 2 share: the new file is schema 2 whatever the old one was.
+    for row in _rows(old, "events", "seq", meta.get("floor", 0), end, "seq, id, envelope"):
         if isinstance(row, int) or not envelope_ok(row):
             bad.append(row if isinstance(row, int) else int(row[0]))
             continue
-        new.execute("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+        new.execute("INSERT OR IGNORE INTO events VALUES (?, ?, ?)", row)
         result.events += 1
         end = max(end, int(row[0]))
     for row in _rows(old, "lost", "from_seq", 0, end):
@@ -163,7 +165,7 @@ def _envelope_check() -> Callable[[tuple[Any, ...]], bool]:
 
     def ok(row: tuple[Any, ...]) -> bool:
         try:
-            envelope = decoder.decode(row[7])
+            envelope = decoder.decode(row[2])
         except (msgspec.DecodeError, TypeError):
             return False
         return bool(envelope.get("seq") == row[0] and envelope.get("id") == row[1])

@@ -6,6 +6,14 @@ stored can be read in one place. A session's ``usage`` column holds its
 the counts (``by_model``): an older busd decodes the counts and ignores the
 breakdown, a newer one reads a file without it as an empty breakdown, so
 the schema version did not change.
+
+An event's row is its ``seq``, its ``id`` (unique: a copy is not written
+twice) and its envelope's bytes, nothing else: every column and index
+more is SQLite work for every event, and readers get the rest (type,
+session, run, time) from the envelope's head (:func:`event_head`).
+Schema 1 also stored those as columns, with an index by session; a
+writer rebuilds such a file as schema 2 when it opens it
+(:data:`MIGRATE_1_TO_2`); readers read both.
 """
 
 from __future__ import annotations
@@ -21,14 +29,20 @@ from ..core.sessions import SessionState, SessionStatus, SessionSummary
 
 __all__ = [
     "APPLICATION_ID",
+    "MIGRATE_1_TO_2",
+    "READS_VERSIONS",
     "SCHEMA_VERSION",
+    "EventHead",
     "SessionRecord",
     "SessionRow",
+    "event_head",
     "session_row",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """``PRAGMA user_version`` of the files this busd writes; it refuses newer ones."""
+READS_VERSIONS: Final = (1, 2)
+"""Versions a reader reads as they are (a writer first rebuilds a 1 as a 2)."""
 APPLICATION_ID: Final = 0x62757364
 """``PRAGMA application_id``: "busd", so a stranger's SQLite file is not mistaken for ours."""
 
@@ -39,14 +53,8 @@ BEGIN;
 CREATE TABLE events (
     seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
-    ts REAL NOT NULL,
-    session_id TEXT,
-    run_id TEXT,
-    type TEXT NOT NULL,
-    stale INTEGER NOT NULL,
     envelope BLOB NOT NULL
 );
-CREATE INDEX events_by_session ON events (session_id, seq) WHERE session_id IS NOT NULL;
 CREATE TABLE lost (
     from_seq INTEGER PRIMARY KEY,
     to_seq INTEGER NOT NULL,
@@ -79,12 +87,27 @@ PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
 
-_ROWS_PER_INSERT = 256  # events per INSERT statement (8 parameters each)
+MIGRATE_1_TO_2: Final = """
+BEGIN IMMEDIATE;
+CREATE TABLE events_2 (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    envelope BLOB NOT NULL
+);
+INSERT INTO events_2 SELECT seq, id, envelope FROM events ORDER BY seq;
+DROP TABLE events;
+ALTER TABLE events_2 RENAME TO events;
+PRAGMA user_version = 2;
+COMMIT;
+"""
+"""Schema 1's events as schema 2 (one transaction: a crash leaves the file as it was)."""
+
+_ROWS_PER_INSERT = 256  # events per INSERT statement (3 parameters each)
 
 
 @cache
 def _insert_events(rows: int) -> str:
-    return "INSERT OR IGNORE INTO events VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return "INSERT OR IGNORE INTO events VALUES " + ", ".join(["(?, ?, ?)"] * rows)
 
 
 def _chunks(count: int) -> Iterator[int]:
@@ -121,6 +144,25 @@ _json = msgspec.json.Encoder()
 
 def _blob(value: msgspec.Struct | None) -> bytes | None:
     return None if value is None else _json.encode(value)
+
+
+class _Tag(msgspec.Struct, frozen=True, gc=False):
+    type: str
+
+
+class EventHead(msgspec.Struct, frozen=True, gc=False):
+    """What readers filter on, decoded from an envelope's bytes without its event's body."""
+
+    seq: int
+    ts: float
+    event: _Tag
+    session_id: str | None = None
+    run_id: str | None = None
+    stale: bool = False
+
+
+event_head: Final = msgspec.msgpack.Decoder(EventHead).decode
+"""An envelope's :class:`EventHead` (``msgspec.DecodeError`` if the bytes are not one)."""
 
 
 SessionRow: TypeAlias = tuple[Any, ...]
