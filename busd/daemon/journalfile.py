@@ -123,7 +123,6 @@ def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> int | None:
         if not create:
             raise JournalError(f"{path} is an empty file, not a busd journal yet")
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # before the first table
-        conn.execute("PRAGMA page_size = 8192")  # before WAL mode; fewer, fuller pages
         conn.execute("PRAGMA journal_mode = WAL")
         conn.executescript(_SCHEMA)
         return None
@@ -140,8 +139,19 @@ def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> int | None:
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Rebuild a schema 1 journal as schema 2, once, before anything is written to it."""
+    """Rebuild a schema 1 journal as schema 2, once, before anything is written to it.
+
+    In rollback-journal mode when no reader has the file open (the new
+    table's pages are written once instead of twice, through the WAL and
+    back: half the time); the caller turns WAL mode on again. The old
+    table's pages stay in the file, free, and new events fill them first:
+    giving them back would move every page of the new table (longer than
+    the copy itself).
+    """
     started = time.monotonic()
+    with contextlib.suppress(sqlite3.OperationalError):  # "locked": a reader has it open
+        conn.execute("PRAGMA journal_mode = DELETE").fetchone()
+    conn.execute("PRAGMA synchronous = FULL")
     try:
         conn.executescript(MIGRATE_1_TO_2)
     except sqlite3.Error as exc:
@@ -151,7 +161,6 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
             f"cannot rebuild the journal {path} (schema 1) as schema 2: {exc}; "
             "it is unchanged, and the busd that wrote it still reads it"
         ) from None
-    conn.executescript("PRAGMA incremental_vacuum;")  # the old table's pages
     events = conn.execute("SELECT value FROM meta WHERE key = 'events'").fetchone()[0]
     logger.info(
         "journal %s: rebuilt as schema 2 (%d events, %.1f s)",
@@ -231,15 +240,15 @@ class JournalFile:
                         f"the journal {path} is damaged ({exc}): `busd journal recover "
                         f"--journal {path}` keeps what is readable"
                     ) from None
+            conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute("PRAGMA cache_size = -16384")  # KiB: the indexes' hot pages stay
+            if version == 1:
+                _migrate(conn, path)
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
                 raise JournalError(f"{path}: SQLite cannot use WAL mode there ({mode})")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA cache_size = -16384")  # KiB: the indexes' hot pages stay
             conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT}")
-            conn.execute("PRAGMA busy_timeout = 5000")
-            if version == 1:
-                _migrate(conn, path)
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
