@@ -6,14 +6,15 @@ number of readers (``busd sessions``, ``busd export``, resuming clients)
 read it at the same time, daemon or not: WAL mode lets them.
 
 What is stored (docs/journal.md has the full schema): ``events``, one row
-per accepted event keyed by ``seq``: its id and its msgpack envelope
+per accepted event keyed by ``seq``, with its id and its msgpack envelope
 (readers decode the envelope's head for its time, session, run and type;
 schema 1 files, which had those as columns too, are rebuilt as schema 2
-by the writer that opens them); ``lost``, seq ranges the daemon accepted but could
-not journal; ``sessions``, each session's summary as last written, with its
-final usage, stats and context; ``meta``, the head seq, the seq reservation,
-the retention floor and the event count. ``PRAGMA user_version`` is the
-schema version and ``PRAGMA application_id`` says the file is busd's.
+by the writer that opens them); ``lost``, seq ranges the daemon accepted
+but could not journal; ``sessions``, each session's summary as last
+written, with its final usage, stats and context; ``meta``, the head seq,
+the seq reservation, the retention floor and the event count. ``PRAGMA
+user_version`` is the schema version and ``PRAGMA application_id`` says
+the file is busd's.
 """
 
 from __future__ import annotations

@@ -80,9 +80,8 @@ def _rows(
     while cursor < end:
         try:
             rows = old.execute(
-                f"SELECT {key}, {columns} FROM {table} WHERE {key} > ? AND {key} <= ? "
-                f"ORDER BY {key} "
-                "LIMIT ?",
+                f"SELECT {key}, {columns} FROM {table} "
+                f"WHERE {key} > ? AND {key} <= ? ORDER BY {key} LIMIT ?",
                 (cursor, end, _CHUNK),
             ).fetchall()
         except sqlite3.DatabaseError:
