@@ -1124,7 +1124,7 @@ def test_docs_journal_md_shows_the_schema_as_it_is(jpath: Path) -> None:
             "SELECT name FROM sqlite_master WHERE type='index' AND sql IS NOT NULL"
         ).fetchall()
         meta = [r[0] for r in conn.execute("SELECT key FROM meta")]
-        assert sorted(tables) == ["events", "lost", "meta", "sessions"]
+        assert sorted(tables) == ["events", "lost", "meta", "sessions", "spans"]
         for table in tables:
             assert f"CREATE TABLE {table} (" in schema, table
             for column in conn.execute(f"PRAGMA table_info({table})"):

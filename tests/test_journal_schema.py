@@ -9,9 +9,11 @@ what the old columns held from the envelope's head.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import shutil
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,15 @@ from busd.core.events import (
     ToolStart,
 )
 from busd.core.ids import new_event_id
+from busd.core.sessions import SessionRegistry
 from busd.daemon import journalfile, journalrows
-from busd.daemon.journalfile import SCHEMA_VERSION, JournalError, JournalFile, JournalReader
+from busd.daemon.journalfile import (
+    SCHEMA_VERSION,
+    JournalError,
+    JournalFile,
+    JournalReader,
+    session_row,
+)
 from busd.daemon.journalrecover import recover
 from busd.daemon.journalspan import Missing, page_items
 from busd.wire import encode_envelope
@@ -117,6 +126,7 @@ def test_the_writer_rebuilds_a_schema_1_journal_keeping_every_row(
         ("sqlite_autoindex_events_1",),  # the id's uniqueness, nothing else
     ]
     assert [query(v1, sql) for sql in (*tables, *kept)] == before
+    assert {s: (a, b) for s, a, b in query(v1, "SELECT * FROM spans")} == V1_SESSIONS
     assert query(v1, "PRAGMA journal_mode") == [("wal",)]
     assert query(v1, "PRAGMA integrity_check") == [("ok",)]
     caplog.clear()
@@ -179,6 +189,7 @@ def test_recover_makes_schema_2_from_a_schema_1_journal(v1: Path) -> None:
     assert (result.events, result.sessions, result.damaged) == (124, 5, [])
     assert query(v1, "PRAGMA user_version") == [(2,)]
     assert query(v1, "SELECT seq, id, envelope FROM events ORDER BY seq") == rows
+    assert {s: (a, b) for s, a, b in query(v1, "SELECT * FROM spans")} == V1_SESSIONS
     assert whole(v1).lost == [(114, 100113)]
 
 
@@ -232,11 +243,17 @@ def test_an_envelope_that_does_not_decode_is_a_gap_not_a_frame(tmp_path: Path) -
         assert len(list(reader.session_events("s1"))) == 2
 
 
-def write(path: Path, envelopes: list[Envelope[Event]]) -> None:
+def write(path: Path, envelopes: list[Envelope[Event]], cuts: Iterable[int] = ()) -> None:
+    """``envelopes`` in one write, or one per stretch between ``cuts``; no sessions rows."""
     file = JournalFile.open(path)
     try:
-        n = len(envelopes)
-        file.write(envelopes, [encode_envelope(e) for e in envelopes], [], [], head=n, reserved=n)
+        bounds = [0, *sorted({c for c in cuts if 0 < c < len(envelopes)}), len(envelopes)]
+        for a, b in itertools.pairwise(bounds):
+            part = envelopes[a:b]
+            if not part:
+                continue
+            raws = [encode_envelope(e) for e in part]
+            file.write(part, raws, [], [], head=part[-1].seq, reserved=part[-1].seq)
     finally:
         file.close()
 
@@ -268,22 +285,92 @@ _rows = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
-@given(rows=_rows, sessions=st.none() | st.lists(st.sampled_from(["s1", "s2", "s4"])))
-def test_a_page_is_each_envelopes_head_and_a_session_filter_keeps_only_those(
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=_rows,
+    cuts=st.lists(st.integers(1, 40), max_size=4),
+    sessions=st.none() | st.lists(st.sampled_from(["s1", "s2", "s4"])),
+    limit=st.integers(1, 50),
+)
+def test_pages_are_each_envelopes_head_and_a_session_filter_keeps_only_those(
     tmp_path_factory: pytest.TempPathFactory,
     rows: list[tuple[str | None, str | None, bool, Event]],
+    cuts: list[int],
     sessions: list[str] | None,
+    limit: int,
 ) -> None:
+    """Written in several transactions, read page by page as a resume reads."""
     path = tmp_path_factory.mktemp("j") / "journal.sqlite3"
     envelopes = [_envelope(i + 1, *row) for i, row in enumerate(rows)]
-    raws = [encode_envelope(e) for e in envelopes]
-    write(path, envelopes)
+    write(path, envelopes, cuts)
+    got: list[journalfile.Row] = []
+    cursor, upto = 0, len(envelopes) + 5  # the range may run past the file's last event
     with JournalReader(path) as reader:
-        page = reader.page(0, 1 << 62, sessions=sessions)
-    assert page.rows == [
+        while cursor < upto:
+            page = reader.page(cursor, upto, limit=limit, sessions=sessions)
+            assert page.end > cursor
+            assert page.lost == []
+            got += page.rows
+            cursor = page.end
+        exported = {s: list(reader.session_events(s)) for s in ("s1", "s2", "s3", "s4")}
+    assert got == [
         (e.seq, e.event.__struct_config__.tag, e.session_id, e.run_id, e.stale, bytes(raw))
-        for e, raw in zip(envelopes, raws, strict=True)
+        for e in envelopes
         if sessions is None or e.session_id in sessions
+        for raw in [encode_envelope(e)]
     ]
-    assert page.lost == []
+    for session_id, blobs in exported.items():
+        assert blobs == [bytes(encode_envelope(e)) for e in envelopes if e.session_id == session_id]
+    spans: dict[str, tuple[int, int]] = {}
+    for e in envelopes:
+        if e.session_id is not None:
+            spans[e.session_id] = (spans.get(e.session_id, (e.seq, 0))[0], e.seq)
+    assert {s: (a, b) for s, a, b in query(path, "SELECT * FROM spans")} == spans
+
+
+def test_export_finds_a_session_the_registry_forgot(tmp_path: Path) -> None:
+    """The registry keeps 10,000 sessions: one forgotten between writes keeps a stale row.
+
+    Its ``sessions`` row says where it stood at the first write; its later
+    events are in the file all the same, and ``spans`` says where.
+    """
+    path = tmp_path / "journal.sqlite3"
+    delta = TextDelta(message_id="m", text="x")
+    envelopes = [_envelope(seq, f"s{seq % 3}", None, False, delta) for seq in range(1, 31)]
+    registry = SessionRegistry()
+    for e in envelopes[:10]:
+        registry.observe(e)
+    file = JournalFile.open(path)
+    try:
+        for part, rows in (
+            (envelopes[:10], [session_row(state) for state in registry.touched_since(0)]),
+            (envelopes[10:], []),  # forgotten: no rows for the later writes
+        ):
+            raws = [encode_envelope(e) for e in part]
+            file.write(part, raws, [], rows, head=part[-1].seq, reserved=part[-1].seq)
+    finally:
+        file.close()
+    assert max(r[0] for r in query(path, "SELECT last_seq FROM sessions")) == 10
+    with JournalReader(path) as reader:
+        for session_id in ("s0", "s1", "s2"):
+            seqs = [msgspec.msgpack.decode(b)["seq"] for b in reader.session_events(session_id)]
+            assert seqs == [e.seq for e in envelopes if e.session_id == session_id]
+        assert list(reader.session_events("s9")) == []
+
+
+def test_retention_takes_a_sessions_span_with_its_last_event(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    delta = TextDelta(message_id="m", text="x")
+    sessions = ["old"] * 10 + ["both"] * 10 + ["new"] * 10 + ["both"]  # seqs 1..31
+    envelopes = [_envelope(i + 1, s, None, False, delta) for i, s in enumerate(sessions)]
+    write(path, envelopes)
+    file = JournalFile.open(path)
+    try:
+        assert file.prune_step(15) == (15, 15)
+    finally:
+        file.close()
+    spans = {s: (a, b) for s, a, b in query(path, "SELECT * FROM spans")}
+    assert spans == {"both": (11, 31), "new": (21, 30)}  # "old" went with its last event
+    with JournalReader(path) as reader:
+        seqs = [msgspec.msgpack.decode(b)["seq"] for b in reader.session_events("both")]
+    assert seqs == [*range(16, 21), 31]

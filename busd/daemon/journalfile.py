@@ -44,6 +44,7 @@ from .journalrows import (
     MIGRATE_1_TO_2,
     READS_VERSIONS,
     SCHEMA_VERSION,
+    UPSERT_SPAN,
     SessionRecord,
     SessionRow,
     _chunks,
@@ -137,6 +138,11 @@ def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> int | None:
     if version not in READS_VERSIONS:
         raise JournalError(f"{path} has journal schema {version}, which this busd cannot read")
     return int(version)
+
+
+def _version(conn: sqlite3.Connection) -> int:
+    """The schema version now (a writer may rebuild a schema 1 file under a reader)."""
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
@@ -332,6 +338,7 @@ class JournalFile:
                 conn.execute(_insert_events(size), _parameters(envelopes, raws, start, stop))
                 start = stop
             inserted = conn.total_changes - before
+            conn.executemany(UPSERT_SPAN, _spans(envelopes))
             if lost:
                 conn.executemany("INSERT OR REPLACE INTO lost VALUES (?, ?, ?)", lost)
             if sessions:
@@ -445,6 +452,7 @@ class JournalFile:
             removed = conn.total_changes - before
             conn.execute("DELETE FROM lost WHERE to_seq <= ?", (upto,))
             conn.execute("DELETE FROM sessions WHERE last_seq <= ?", (upto,))
+            conn.execute("DELETE FROM spans WHERE last_seq <= ?", (upto,))
             conn.execute(
                 "UPDATE meta SET value = CASE key WHEN 'floor' THEN max(value, ?) "
                 "ELSE value - ? END WHERE key IN ('floor', 'events')",
@@ -480,6 +488,23 @@ def _parameters(
         envelope = envelopes[i]
         extend((envelope.seq, envelope.id, raws[i]))
     return out
+
+
+def _spans(envelopes: Sequence[Envelope[Event]]) -> list[tuple[str, int, int]]:
+    """Each session's first and last seq among ``envelopes`` (one ``spans`` upsert each)."""
+    spans: dict[str, list[int]] = {}
+    for envelope in envelopes:
+        session_id = envelope.session_id
+        if session_id is not None:
+            seq = envelope.seq
+            span = spans.get(session_id)
+            if span is None:
+                spans[session_id] = [seq, seq]
+            elif seq > span[1]:
+                span[1] = seq
+            elif seq < span[0]:
+                span[0] = seq
+    return [(session_id, first, last) for session_id, (first, last) in spans.items()]
 
 
 # -- reading -----------------------------------------------------------------------
@@ -538,16 +563,28 @@ class JournalReader:
     ) -> Page:
         """Rows with ``after < seq <= upto`` (at most ``limit`` read), in one read transaction.
 
-        ``sessions``: only those sessions' events (read, then left out). An
-        envelope that does not decode is reported lost, as a one-seq range.
+        ``sessions``: only those sessions' events, read from the first of
+        their spans to the last; lost ranges are reported over the whole
+        range all the same. An envelope that does not decode is reported
+        lost, as a one-seq range.
         """
         conn = self._conn
         conn.execute("BEGIN")
         try:
             floor = conn.execute("SELECT value FROM meta WHERE key = 'floor'").fetchone()[0]
+            low, high = after, upto
+            if sessions is not None and _version(conn) >= 2:
+                first, last = conn.execute(
+                    "SELECT min(first_seq), max(last_seq) FROM spans "
+                    f"WHERE session_id IN ({', '.join('?' * len(sessions))})",
+                    tuple(sessions),
+                ).fetchone()
+                low, high = (
+                    (after, after) if first is None else (max(after, first - 1), min(upto, last))
+                )
             stored = conn.execute(
                 "SELECT seq, envelope FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
-                (after, upto, limit),
+                (low, high, limit),
             ).fetchall()
             end = stored[-1][0] if len(stored) == limit else upto
             lost = conn.execute(
@@ -590,20 +627,31 @@ class JournalReader:
     def session_events(self, session_id: str) -> Iterator[bytes]:
         """The msgpack envelopes of one session, in seq order.
 
-        Read from the session's first to its last seq (its ``sessions`` row),
-        keeping its own: rows have no session column or index to look up.
+        Read from the session's first to its last seq (``spans``), keeping
+        its own; in a schema 1 file, by its index.
         """
-        span = self._conn.execute(
-            "SELECT first_seq, last_seq FROM sessions WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        first, last = span if span is not None else (0, 2**63 - 1)
-        cursor = self._conn.execute(
-            "SELECT envelope FROM events WHERE seq >= ? AND seq <= ? ORDER BY seq", (first, last)
-        )
-        for (blob,) in cursor:
-            try:
-                head = event_head(blob)
-            except msgspec.DecodeError:
-                continue
-            if head.session_id == session_id:
-                yield blob
+        conn = self._conn
+        conn.execute("BEGIN")
+        try:
+            if _version(conn) < 2:
+                for (blob,) in conn.execute(
+                    "SELECT envelope FROM events WHERE session_id = ? ORDER BY seq", (session_id,)
+                ):
+                    yield blob
+                return
+            span = conn.execute(
+                "SELECT first_seq, last_seq FROM spans WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            if span is None:
+                return
+            for (blob,) in conn.execute(
+                "SELECT envelope FROM events WHERE seq >= ? AND seq <= ? ORDER BY seq", span
+            ):
+                try:
+                    head = event_head(blob)
+                except msgspec.DecodeError:
+                    continue
+                if head.session_id == session_id:
+                    yield blob
+        finally:
+            conn.execute("COMMIT")

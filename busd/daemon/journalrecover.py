@@ -25,6 +25,7 @@ import msgspec
 from .journalcheck import integrity_problems
 from .journalfile import JournalError, JournalFile
 from .journallock import JournalLock, LockHeld
+from .journalrows import UPSERT_SPAN
 
 __all__ = ["Recovered", "check", "recover"]
 
@@ -130,13 +131,20 @@ def _copy(
     [(top,)] = _readable(old, "SELECT max(seq) FROM events", [(None,)])
     end = max(meta.get("head", 0), meta.get("reserved", 0), top or 0, reserved)
     bad: list[int] = []
-    envelope_ok = _envelope_check()
+    envelope_of = _envelope_check()
     # The columns schema 1 and 2 share: the new file is schema 2 whatever the old one was.
     for row in _rows(old, "events", "seq", meta.get("floor", 0), end, "seq, id, envelope"):
-        if isinstance(row, int) or not envelope_ok(row):
-            bad.append(row if isinstance(row, int) else int(row[0]))
+        if isinstance(row, int):
+            bad.append(row)
+            continue
+        envelope = envelope_of(row)
+        if envelope is None:
+            bad.append(int(row[0]))
             continue
         new.execute("INSERT OR IGNORE INTO events VALUES (?, ?, ?)", row)
+        session = envelope.get("session_id")
+        if isinstance(session, str):
+            new.execute(UPSERT_SPAN, (session, row[0], row[0]))
         result.events += 1
         end = max(end, int(row[0]))
     for row in _rows(old, "lost", "from_seq", 0, end):
@@ -158,18 +166,21 @@ def _copy(
     )
 
 
-def _envelope_check() -> Callable[[tuple[Any, ...]], bool]:
-    """A row whose envelope does not decode to its own seq and id is garbage, not an event."""
+def _envelope_check() -> Callable[[tuple[Any, ...]], dict[str, Any] | None]:
+    """An event row's envelope, decoded; ``None`` for garbage.
+
+    A row whose envelope does not decode to its own seq and id is garbage, not an event.
+    """
     decoder = msgspec.msgpack.Decoder(dict[str, Any])
 
-    def ok(row: tuple[Any, ...]) -> bool:
+    def envelope_of(row: tuple[Any, ...]) -> dict[str, Any] | None:
         try:
             envelope = decoder.decode(row[2])
         except (msgspec.DecodeError, TypeError):
-            return False
-        return bool(envelope.get("seq") == row[0] and envelope.get("id") == row[1])
+            return None
+        return envelope if (envelope.get("seq"), envelope.get("id")) == row[:2] else None
 
-    return ok
+    return envelope_of
 
 
 def recover(path: str | os.PathLike[str], *, now: float | None = None) -> Recovered:

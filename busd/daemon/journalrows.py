@@ -10,10 +10,12 @@ the schema version did not change.
 An event's row is its ``seq``, its ``id`` (unique: a copy is not written
 twice) and its envelope's bytes, nothing else: every column and index
 more is SQLite work for every event, and readers get the rest (type,
-session, run, time) from the envelope's head (:func:`event_head`).
-Schema 1 also stored those as columns, with an index by session; a
-writer rebuilds such a file as schema 2 when it opens it
-(:data:`MIGRATE_1_TO_2`); readers read both.
+session, run, time) from the envelope's head (:func:`event_head`). What
+an index by session gave, ``spans`` gives once per session and write:
+each session's first and last seq in the file, so a reader of one
+session reads only that stretch. Schema 1 stored those as columns, with
+an index by session; a writer rebuilds such a file as schema 2 when it
+opens it (:data:`MIGRATE_1_TO_2`); readers read both.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "MIGRATE_1_TO_2",
     "READS_VERSIONS",
     "SCHEMA_VERSION",
+    "UPSERT_SPAN",
     "EventHead",
     "SessionRecord",
     "SessionRow",
@@ -80,6 +83,11 @@ CREATE TABLE sessions (
     context BLOB
 );
 CREATE INDEX sessions_by_last_seq ON sessions (last_seq);
+CREATE TABLE spans (
+    session_id TEXT PRIMARY KEY,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO meta VALUES ('head', 0), ('reserved', 0), ('floor', 0), ('events', 0);
 PRAGMA application_id = {APPLICATION_ID};
@@ -95,6 +103,13 @@ CREATE TABLE events_2 (
     envelope BLOB NOT NULL
 );
 INSERT INTO events_2 SELECT seq, id, envelope FROM events ORDER BY seq;
+CREATE TABLE spans (
+    session_id TEXT PRIMARY KEY,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO spans SELECT session_id, min(seq), max(seq) FROM events
+    WHERE session_id IS NOT NULL GROUP BY session_id;
 DROP TABLE events;
 ALTER TABLE events_2 RENAME TO events;
 PRAGMA user_version = 2;
@@ -103,6 +118,11 @@ COMMIT;
 """Schema 1's events as schema 2 (one transaction: a crash leaves the file as it was)."""
 
 _ROWS_PER_INSERT = 256  # events per INSERT statement (3 parameters each)
+
+UPSERT_SPAN: Final = """
+INSERT INTO spans VALUES (?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET
+    first_seq = min(first_seq, excluded.first_seq), last_seq = max(last_seq, excluded.last_seq)
+"""
 
 
 @cache
