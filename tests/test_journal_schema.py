@@ -118,6 +118,7 @@ def test_the_writer_rebuilds_a_schema_1_journal_keeping_every_row(
     before = [query(v1, sql) for sql in (*tables, *kept)]
     with caplog.at_level(logging.INFO, logger="busd.daemon.journalfile"):
         JournalFile.open(v1).close()
+    assert f"journal {v1}: rebuilding schema 1 as schema 2 (124 events)" in caplog.text
     assert f"journal {v1}: rebuilt as schema 2 (124 events" in caplog.text
     assert query(v1, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(2,)]
     assert [r[1] for r in query(v1, "PRAGMA table_info(events)")] == ["seq", "id", "envelope"]

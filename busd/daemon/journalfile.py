@@ -155,6 +155,8 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     giving them back would move every page of the new table (longer than
     the copy itself).
     """
+    events = conn.execute("SELECT value FROM meta WHERE key = 'events'").fetchone()[0]
+    logger.info("journal %s: rebuilding schema 1 as schema 2 (%d events)", path, events)
     started = time.monotonic()
     with contextlib.suppress(sqlite3.OperationalError):  # "locked": a reader has it open
         conn.execute("PRAGMA journal_mode = DELETE").fetchone()
@@ -168,7 +170,6 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
             f"cannot rebuild the journal {path} (schema 1) as schema 2: {exc}; "
             "it is unchanged, and the busd that wrote it still reads it"
         ) from None
-    events = conn.execute("SELECT value FROM meta WHERE key = 'events'").fetchone()[0]
     logger.info(
         "journal %s: rebuilt as schema 2 (%d events, %.1f s)",
         path,
