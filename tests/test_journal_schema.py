@@ -13,6 +13,7 @@ import itertools
 import logging
 import shutil
 import sqlite3
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from busd.daemon.journalrecover import recover
 from busd.daemon.journalspan import Missing, page_items
 from busd.wire import encode_envelope
 
-from .daemon_helpers import serving
+from .daemon_helpers import BUSD, read_line, serving
 
 V1 = Path(__file__).parent / "fixtures" / "journal" / "v1.sqlite3"
 V1_SESSIONS = {
@@ -375,3 +376,88 @@ def test_retention_takes_a_sessions_span_with_its_last_event(tmp_path: Path) -> 
     with JournalReader(path) as reader:
         seqs = [msgspec.msgpack.decode(b)["seq"] for b in reader.session_events("both")]
     assert seqs == [*range(16, 21), 31]
+
+
+def _grown(path: Path, events: int) -> list[Any]:
+    """The schema 1 fixture and ``events`` more in schema 1's columns: a longer rebuild."""
+    delta = TextDelta(message_id="m", text="a rebuild takes a while " * 4)
+    tag = "stream.text.delta"
+    more = [_envelope(200_000 + i, f"s{i % 7}", "r", False, delta) for i in range(1, events + 1)]
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(e.seq, e.id, e.ts, e.session_id, "r", tag, 0, encode_envelope(e)) for e in more],
+        )
+        conn.execute("UPDATE meta SET value = value + ? WHERE key = 'events'", (events,))
+        conn.execute("UPDATE meta SET value = ? WHERE key IN ('head', 'reserved')", (more[-1].seq,))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return query(path, "SELECT seq, id, envelope FROM events ORDER BY seq")
+
+
+async def _killed_mid_rebuild(v1: Path, sock: Path) -> None:
+    """``busd serve`` on ``v1``, killed with SIGKILL once its rebuild has written to the file."""
+    process = await trio.lowlevel.open_process(
+        [*BUSD, "serve", "--socket", str(sock), "--journal", str(v1)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    size = v1.stat().st_size
+    try:
+        assert process.stderr is not None
+        with trio.fail_after(20):
+            while "rebuilding schema 1" not in (line := await read_line(process.stderr)):
+                assert line, "busd serve ended before it rebuilt the journal"
+            while True:  # a condition of another process: polled, with a deadline
+                if v1.stat().st_size > size:
+                    break
+                await trio.sleep(0.001)
+        process.kill()  # mid-copy: the new table's first pages are in the file
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        assert process.stderr is not None
+        await process.stderr.aclose()
+    hot = Path(f"{v1}-journal").read_bytes()[:8]
+    assert hot == bytes.fromhex("d9d505f920a163d7")  # SQLite's rollback journal, hot: its magic
+
+
+async def test_busd_serve_killed_while_it_rebuilds_a_journal_leaves_schema_1_whole(
+    v1: Path, tmp_path: Path
+) -> None:
+    """``kill -9`` mid-rebuild: the next ``busd serve`` finds schema 1 as it was and rebuilds it."""
+    rows = _grown(v1, 100_000)
+    sock = tmp_path / "run" / "bus.sock"
+    await _killed_mid_rebuild(v1, sock)
+    with pytest.raises(JournalError, match="left mid-change by a busd that was killed"):
+        JournalReader(v1)  # read-only: it cannot roll the change back
+    said = await trio.run_process(
+        [*BUSD, "sessions", "--journal", str(v1)], capture_stderr=True, check=False
+    )
+    assert said.returncode == 1
+    assert b"the next `busd serve" in said.stderr
+    assert b"Traceback" not in said.stderr
+    async with serving(sock, "--journal", str(v1)):
+        pass
+    assert query(v1, "PRAGMA user_version") == [(2,)]
+    assert query(v1, "SELECT seq, id, envelope FROM events ORDER BY seq") == rows
+    assert query(v1, "PRAGMA integrity_check") == [("ok",)]
+
+
+async def test_recover_after_a_killed_rebuild_takes_the_rollback_journal_along(
+    v1: Path, tmp_path: Path
+) -> None:
+    """The file set aside keeps its hot ``-journal``: SQLite rolls it back when recover reads."""
+    rows = _grown(v1, 100_000)
+    await _killed_mid_rebuild(v1, tmp_path / "run" / "bus.sock")
+    result = recover(v1)
+    assert not Path(f"{v1}-journal").exists()
+    assert not Path(f"{result.aside}-journal").exists()  # rolled back, then gone
+    assert (result.events, result.damaged) == (len(rows), [])
+    assert query(v1, "SELECT seq, id, envelope FROM events ORDER BY seq") == rows
+    assert query(v1, "PRAGMA user_version") == [(2,)]

@@ -120,6 +120,11 @@ def _check(conn: sqlite3.Connection, path: Path, *, create: bool) -> int | None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     except sqlite3.DatabaseError as exc:  # "file is not a database"
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK":
+            raise JournalError(
+                f"{path} was left mid-change by a busd that was killed: the next "
+                f"`busd serve --journal {path}` undoes the change, then reads it"
+            ) from None
         raise JournalError(f"{path} is not a busd journal ({exc})") from None
     if app == 0 and objects == 0:
         if not create:

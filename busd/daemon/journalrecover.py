@@ -31,7 +31,7 @@ __all__ = ["Recovered", "check", "recover"]
 
 _CHUNK = 1000  # rows per read
 _PROBE = 256  # seqs looked up one by one past a range that cannot be read
-_SUFFIXES = ("", "-wal", "-shm")
+_SUFFIXES = ("", "-wal", "-shm", "-journal")  # -journal: a rebuild from schema 1, killed
 
 
 def check(path: str | os.PathLike[str]) -> list[str]:
