@@ -132,6 +132,7 @@ def _copy(
     end = max(meta.get("head", 0), meta.get("reserved", 0), top or 0, reserved)
     bad: list[int] = []
     envelope_of = _envelope_check()
+    spans: dict[str, tuple[int, int]] = {}
     # The columns schema 1 and 2 share: the new file is schema 2 whatever the old one was.
     for row in _rows(old, "events", "seq", meta.get("floor", 0), end, "seq, id, envelope"):
         if isinstance(row, int):
@@ -144,9 +145,11 @@ def _copy(
         new.execute("INSERT OR IGNORE INTO events VALUES (?, ?, ?)", row)
         session = envelope.get("session_id")
         if isinstance(session, str):
-            new.execute(UPSERT_SPAN, (session, row[0], row[0]))
+            first = spans[session][0] if session in spans else row[0]
+            spans[session] = (first, row[0])  # the rows come in seq order
         result.events += 1
         end = max(end, int(row[0]))
+    new.executemany(UPSERT_SPAN, [(s, first, last) for s, (first, last) in spans.items()])
     for row in _rows(old, "lost", "from_seq", 0, end):
         if not isinstance(row, int):
             new.execute("INSERT OR REPLACE INTO lost VALUES (?, ?, ?)", row)
