@@ -96,6 +96,8 @@ DEFAULT_MAX_PENDING: Final = 100_000
 DEFAULT_MAX_WAIT: Final = 2.0
 DEFAULT_INTERVAL: Final = 0.05
 DEFAULT_BATCH_EVENTS: Final = 4096
+DEFAULT_STAGE_EVERY: Final = 0.01
+DEFAULT_STAGE_EVENTS: Final = 32
 
 _PRUNE_EVERY = 600.0  # seconds between two age checks
 _RETRY = 1.0  # seconds before a failed write is tried again
@@ -193,6 +195,8 @@ class Journal:
         interval: float = DEFAULT_INTERVAL,
         batch_events: int = DEFAULT_BATCH_EVENTS,
         max_wait: float = DEFAULT_MAX_WAIT,
+        stage_every: float = DEFAULT_STAGE_EVERY,
+        stage_events: int = DEFAULT_STAGE_EVENTS,
     ) -> None:
         if max_pending < 2:
             raise ValueError("max_pending must be at least 2")
@@ -204,6 +208,9 @@ class Journal:
         self.max_wait = max_wait
         self.interval = interval
         self.batch_events = batch_events
+        self.stage_every = stage_every
+        self.stage_events = stage_events
+        self._full_at = batch_events  # pending events that make a batch (some may be staged)
         self.restored = opened.sessions
         self.next_seq = opened.next_seq
         self.crashed = opened.crashed
@@ -277,7 +284,7 @@ class Journal:
         n = len(pending)
         if n == 1:
             self._wake.set()
-        elif n == self.batch_events:
+        if n == self._full_at:
             self._full.set()
 
     def _reserve_ahead(self, seq: int) -> None:
@@ -401,6 +408,7 @@ class Journal:
                 )
             )
         except (sqlite3.Error, OSError) as exc:
+            self._full_at = self.batch_events
             self._counters.write_errors += 1
             self._write_error = str(exc)
             self._attempted.set()
@@ -411,6 +419,7 @@ class Journal:
                 self._report(f"cannot write the journal {self.path}: {exc} (retrying)")
             return False
         self._flushing, self._flushing_raws, self._flushing_lost = [], [], []
+        self._full_at = self.batch_events
         self._stalled = False
         self._journaled = max(self._journaled, head)
         self._sessions_seq = max(self._sessions_seq, head)
@@ -452,12 +461,47 @@ class Journal:
                 with trio.move_on_at(prune_at):
                     await self._wake.wait()
                 continue
-            if self._journaled and len(self._pending) < self.batch_events:
+            if self._journaled and len(self._pending) < self._full_at:
                 self._full = trio.Event()
-                with trio.move_on_after(self.interval):
-                    await self._full.wait()
+                await self._gather()
             if not await self.flush():
                 await trio.sleep(_RETRY)
+
+    async def _gather(self) -> None:
+        """Wait for the next write (``interval``, or a full batch), staging what comes.
+
+        Every ``stage_every`` seconds the events that came, if at least
+        ``stage_events``, are inserted into the write's transaction
+        (:meth:`JournalFile.stage`): the write's CPU in small pieces, not in
+        one burst that delays the events fanned out meanwhile. The watermark
+        still moves only when the write commits.
+        """
+        deadline = trio.current_time() + self.interval
+        while not self._full.is_set():
+            now = trio.current_time()
+            if now >= deadline:
+                return
+            until = min(deadline, now + self.stage_every) if self.stage_every > 0 else deadline
+            with trio.move_on_at(until):
+                await self._full.wait()
+            if until < deadline and not self._full.is_set():
+                await self._stage()
+
+    async def _stage(self) -> None:
+        """Move the pending events to the write in flight and insert them (not committed)."""
+        # A few events are not worth a trip to the thread (an agent's pace: no staging).
+        # Only onto staged events: after a failed write, the retry writes its batch whole.
+        if len(self._pending) < self.stage_events or len(self._flushing) != self.file.staged:
+            return
+        events, raws = self._pending, self._pending_raws
+        self._pending, self._pending_raws = [], []
+        self._flushing.extend(events)
+        self._flushing_raws.extend(raws)
+        self._full_at = max(1, self.batch_events - len(self._flushing))
+        try:
+            await trio.to_thread.run_sync(self.file.stage, events, raws)
+        except (sqlite3.Error, OSError) as exc:  # rolled back: the write inserts them all
+            logger.warning("cannot stage events in the journal %s: %s", self.path, exc)
 
     async def prune(self, now: float | None = None) -> int:
         """Apply retention now (``now``: epoch seconds, for tests); the events removed.

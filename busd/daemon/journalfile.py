@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Final, TypeAlias
 
 import msgspec
 
@@ -49,7 +49,9 @@ from .journalrows import (
     SessionRow,
     _chunks,
     _insert_events,
+    _parameters,
     _record,
+    _spans,
     event_head,
     session_row,
 )
@@ -219,6 +221,8 @@ class JournalFile:
         self.path = path
         self._conn = conn
         self._lock = lock
+        self._staged = 0  # events :meth:`stage` put in the open transaction
+        self._staged_inserted = 0  # rows they added (a copy already journaled adds none)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, check_within: float = 5.0) -> JournalFile:
@@ -332,18 +336,16 @@ class JournalFile:
         reserved: int,
     ) -> Written:
         """One transaction: the events (``raws``: their bytes), the lost ranges, the sessions
-        touched, the watermark."""
+        touched, the watermark. The first :attr:`staged` of ``envelopes`` are the ones
+        :meth:`stage` already inserted: this commits them with the rest."""
         conn = self._conn
+        staged = self._staged
         before = conn.total_changes
-        conn.execute("BEGIN IMMEDIATE")
+        if not staged:
+            conn.execute("BEGIN IMMEDIATE")
         try:
-            # Many rows per statement: far fewer trips between Python and SQLite.
-            start = 0
-            for size in _chunks(len(envelopes)):
-                stop = start + size
-                conn.execute(_insert_events(size), _parameters(envelopes, raws, start, stop))
-                start = stop
-            inserted = conn.total_changes - before
+            self._insert(envelopes, raws, staged)
+            inserted = self._staged_inserted + conn.total_changes - before
             conn.executemany(UPSERT_SPAN, _spans(envelopes))
             if lost:
                 conn.executemany("INSERT OR REPLACE INTO lost VALUES (?, ?, ?)", lost)
@@ -356,18 +358,63 @@ class JournalFile:
             )
             conn.execute("COMMIT")
         except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+            self._rollback()
             raise
+        self._staged = self._staged_inserted = 0
         return Written(inserted, self.size())
+
+    @property
+    def staged(self) -> int:
+        """Events inserted by :meth:`stage` and not yet committed by :meth:`write`."""
+        return self._staged
+
+    def stage(self, envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw]) -> None:
+        """Insert rows ahead of the :meth:`write` that commits them, in its transaction.
+
+        A write's inserts are most of its CPU: staged as the events come,
+        they take the cores in small pieces instead of one burst per write,
+        which delayed the events fanned out meanwhile. Nothing is committed
+        (readers and the watermark see nothing) until :meth:`write`; a
+        failure rolls back everything staged (the write then inserts it all).
+        """
+        conn = self._conn
+        before = conn.total_changes
+        if not self._staged:
+            conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._insert(envelopes, raws, 0)
+        except BaseException:
+            self._rollback()
+            raise
+        self._staged += len(envelopes)
+        self._staged_inserted += conn.total_changes - before
+
+    def _insert(
+        self, envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw], start: int
+    ) -> None:
+        """The rows of ``envelopes[start:]``, many per statement (few trips into SQLite)."""
+        conn = self._conn
+        for size in _chunks(len(envelopes) - start):
+            stop = start + size
+            conn.execute(_insert_events(size), _parameters(envelopes, raws, start, stop))
+            start = stop
+
+    def _rollback(self) -> None:
+        """End the open transaction, dropping what it wrote (whatever state it is in)."""
+        self._staged = self._staged_inserted = 0
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("ROLLBACK")
 
     def release(self, head: int, unwritten: Sequence[tuple[int, int]] = ()) -> None:
         """A stop: nothing past ``head`` was given, so the next daemon continues there.
 
         ``unwritten``: seqs given but not written (the disk failed), recorded
-        lost in the same small transaction, which may work where batches did not.
+        lost in the same small transaction, which may work where batches did not
+        (anything staged and not written is dropped first).
         """
         conn = self._conn
+        if self._staged or conn.in_transaction:
+            self._rollback()
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany("INSERT OR REPLACE INTO lost VALUES (?, ?, 'unwritten')", unwritten)
@@ -483,34 +530,6 @@ class JournalFile:
             self._conn.execute("PRAGMA optimize")
         self._conn.close()
         self._lock.close()
-
-
-def _parameters(
-    envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw], start: int, stop: int
-) -> list[Any]:
-    out: list[Any] = []
-    extend = out.extend
-    for i in range(start, stop):
-        envelope = envelopes[i]
-        extend((envelope.seq, envelope.id, raws[i]))
-    return out
-
-
-def _spans(envelopes: Sequence[Envelope[Event]]) -> list[tuple[str, int, int]]:
-    """Each session's first and last seq among ``envelopes`` (one ``spans`` upsert each)."""
-    spans: dict[str, list[int]] = {}
-    for envelope in envelopes:
-        session_id = envelope.session_id
-        if session_id is not None:
-            seq = envelope.seq
-            span = spans.get(session_id)
-            if span is None:
-                spans[session_id] = [seq, seq]
-            elif seq > span[1]:
-                span[1] = seq
-            elif seq < span[0]:
-                span[0] = seq
-    return [(session_id, first, last) for session_id, (first, last) in spans.items()]
 
 
 # -- reading -----------------------------------------------------------------------

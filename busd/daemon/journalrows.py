@@ -26,7 +26,7 @@ from typing import Any, Final, TypeAlias, cast
 
 import msgspec
 
-from ..core.events import ContextUsage, StreamingStats, TokenUsage
+from ..core.events import ContextUsage, Envelope, Event, StreamingStats, TokenUsage
 from ..core.sessions import SessionState, SessionStatus, SessionSummary
 
 __all__ = [
@@ -141,6 +141,35 @@ def _chunks(count: int) -> Iterator[int]:
         if count >= size:
             yield size
             count -= size
+
+
+def _parameters(
+    envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw], start: int, stop: int
+) -> list[Any]:
+    """The parameters of ``envelopes[start:stop]``'s rows, flat: seq, id, bytes, seq, ..."""
+    out: list[Any] = []
+    extend = out.extend
+    for i in range(start, stop):
+        envelope = envelopes[i]
+        extend((envelope.seq, envelope.id, raws[i]))
+    return out
+
+
+def _spans(envelopes: Sequence[Envelope[Event]]) -> list[tuple[str, int, int]]:
+    """Each session's first and last seq among ``envelopes`` (one ``spans`` upsert each)."""
+    spans: dict[str, list[int]] = {}
+    for envelope in envelopes:
+        session_id = envelope.session_id
+        if session_id is not None:
+            seq = envelope.seq
+            span = spans.get(session_id)
+            if span is None:
+                spans[session_id] = [seq, seq]
+            elif seq > span[1]:
+                span[1] = seq
+            elif seq < span[0]:
+                span[0] = seq
+    return [(session_id, first, last) for session_id, (first, last) in spans.items()]
 
 
 _SESSION_COLUMNS = (

@@ -1,0 +1,341 @@
+"""Staging: the journal inserts events as they come, and commits them once per write.
+
+The writer thread's inserts used to come in one burst per write (every
+50 ms), which delayed the events fanned out meanwhile; now they are staged
+every ``stage_every`` seconds into the transaction the write then commits.
+What must hold: nothing staged is visible or counted as journaled before
+the commit, a failure anywhere leaves every event written exactly once
+(or recorded lost at a stop), and a stop commits what was staged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+import trio
+
+from busd.core.events import Envelope, Event, TextDelta
+from busd.core.ids import new_event_id
+from busd.daemon.journal import Found, Journal
+from busd.daemon.journalfile import JournalFile, JournalReader
+from busd.wire import encode_envelope
+
+
+def envelope(seq: int, *, id: str | None = None) -> Envelope[Event]:
+    return Envelope(
+        seq,
+        1e9 + seq,
+        TextDelta(message_id="m1", text=f"t{seq}"),
+        session_id=f"s{seq % 3}",
+        id=id or new_event_id(),
+    )
+
+
+def seqs_in(path: Path) -> list[int]:
+    with JournalReader(path) as reader:
+        return [row[0] for row in reader.page(0, 10**9).rows]
+
+
+class StagingFile(JournalFile):
+    """Tells the Trio side each time a stage has been inserted (or has failed)."""
+
+    staged_calls: list[int]
+    failed_calls: list[int]
+    on_stage: trio.Event
+    token: trio.lowlevel.TrioToken
+
+    def stage(self, envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw]) -> None:
+        try:
+            super().stage(envelopes, raws)
+            self.staged_calls.append(len(envelopes))
+        except BaseException:
+            self.failed_calls.append(len(envelopes))
+            raise
+        finally:
+            trio.from_thread.run_sync(self.on_stage.set, trio_token=self.token)
+
+
+def staging(path: Path) -> StagingFile:
+    file = StagingFile.open(path)
+    assert isinstance(file, StagingFile)
+    file.staged_calls = []
+    file.failed_calls = []
+    file.on_stage = trio.Event()
+    file.token = trio.lowlevel.current_trio_token()
+    return file
+
+
+async def staged(file: StagingFile, count: int) -> None:
+    """Wait until ``count`` events are staged (each stage wakes this)."""
+    while file.staged < count:
+        file.on_stage = trio.Event()
+        await file.on_stage.wait()
+
+
+def append(journal: Journal, seqs: range) -> None:
+    for seq in seqs:
+        e = envelope(seq)
+        journal.append(e, encode_envelope(e))
+
+
+async def first_write(journal: Journal) -> None:
+    """A journal without history writes at once; staging starts after its first write."""
+    append(journal, range(1, 2))
+    await journal.journaled(1)
+
+
+def test_staged_rows_are_committed_by_the_write_and_counted_once(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    file = JournalFile.open(path)
+    try:
+        sent = [envelope(seq) for seq in range(1, 11)]
+        raws = [encode_envelope(e) for e in sent]
+        # A copy already journaled adds no row: counted as a duplicate, not inserted.
+        copy = envelope(11, id=sent[0].id)
+        file.stage(sent[:6], raws[:6])
+        file.stage([copy], [encode_envelope(copy)])
+        assert file.staged == 7
+        assert seqs_in(path) == []  # nothing is visible before the commit
+        batch = [*sent[:6], copy, *sent[6:]]
+        written = file.write(
+            batch, [encode_envelope(e) for e in batch], [], [], head=11, reserved=11
+        )
+        assert written.inserted == 10
+        assert file.staged == 0
+        assert seqs_in(path) == list(range(1, 11))
+    finally:
+        file.close()
+
+
+def test_a_stop_drops_what_was_staged_and_never_written(tmp_path: Path) -> None:
+    """``release`` after a stage (the write never came): the rows go, the head is kept."""
+    path = tmp_path / "j.sqlite3"
+    file = JournalFile.open(path)
+    sent = [envelope(seq) for seq in range(1, 6)]
+    file.stage(sent, [encode_envelope(e) for e in sent])
+    file.release(5, [(1, 5)])
+    file.close()
+    with JournalReader(path) as reader:
+        page = reader.page(0, 10)
+    assert page.rows == []
+    assert page.lost == [(1, 5)]
+    again = JournalFile.open(path)
+    try:
+        assert again.recover(reserve=100, sessions=0).next_seq == 6
+    finally:
+        again.close()
+
+
+async def test_events_are_staged_as_they_come_and_journaled_at_the_write(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    file = staging(path)
+    journal = Journal(
+        file,
+        file.recover(reserve=1000, sessions=0),
+        sessions=lambda since: [],
+        interval=60.0,  # only a full batch writes during this test
+        batch_events=150,
+        stage_every=0.001,
+        stage_events=1,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        append(journal, range(2, 102))
+        await staged(file, 100)
+        # Staged is not journaled: not in the file, not the watermark; a resume
+        # still gets every event (the staged ones from memory).
+        assert seqs_in(path) == [1]
+        assert journal.journaled_seq == 1
+        assert journal.pending == 100
+        items = [i async for i in journal.span(0, 101).read(lambda *a: True, lambda e: True)]
+        assert [seq for item in items if isinstance(item, Found) for seq in item.seqs] == list(
+            range(1, 102)
+        )
+        # The batch counts the staged events: 50 more make it full and written.
+        append(journal, range(102, 152))
+        await journal.journaled(151)
+        nursery.cancel_scope.cancel()
+    assert seqs_in(path) == list(range(1, 152))
+    assert file.staged == 0
+    assert sum(file.staged_calls) >= 100
+    stats = journal.statistics()
+    assert (stats["events"], stats["duplicates"], stats["write_errors"]) == (151, 0, 0)
+    await journal.aclose()
+
+
+async def test_a_write_failing_after_a_stage_rewrites_everything_once(tmp_path: Path) -> None:
+    """The failed commit rolls the staged rows back; the retry writes the batch whole."""
+    path = tmp_path / "j.sqlite3"
+    file = staging(path)
+    reports: list[str] = []
+    failed = trio.Event()
+
+    def report(message: str) -> None:
+        reports.append(message)
+        if "cannot write" in message:
+            failed.set()
+
+    journal = Journal(
+        file,
+        file.recover(reserve=1000, sessions=0),
+        sessions=lambda since: [],
+        report=report,
+        interval=0.05,
+        stage_every=0.001,
+        stage_events=1,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        file._conn.execute(  # the write's last statement fails, after the rows went in
+            "CREATE TEMP TRIGGER fail BEFORE UPDATE ON main.meta "
+            "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+        )
+        append(journal, range(2, 51))
+        await staged(file, 1)
+        await failed.wait()  # the journal now waits a second before it tries again
+        assert file.staged == 0
+        assert seqs_in(path) == [1]
+        file._conn.execute("DROP TRIGGER temp.fail")
+        await journal.journaled(50)
+        nursery.cancel_scope.cancel()
+    assert seqs_in(path) == list(range(1, 51))
+    stats = journal.statistics()
+    assert (stats["events"], stats["duplicates"], stats["write_errors"]) == (50, 0, 1)
+    assert "is written again" in reports[-1]
+    await journal.aclose()
+
+
+class Warned(logging.Handler):
+    """Wakes the test when the journal logs a warning (it logs on the Trio thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        self.event = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.event.set()
+
+
+async def test_a_stage_that_fails_leaves_its_events_to_the_write(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    file = staging(path)
+    failures = [True]  # the first insert of a staged row fails, then the disk is fine
+
+    def fail_once() -> int:
+        return int(bool(failures) and failures.pop())
+
+    file._conn.create_function("fail_once", 0, fail_once)
+    file._conn.execute(
+        "CREATE TEMP TRIGGER flaky BEFORE INSERT ON main.events WHEN NEW.seq > 1 AND fail_once() "
+        "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+    )
+    journal = Journal(
+        file,
+        file.recover(reserve=1000, sessions=0),
+        sessions=lambda since: [],
+        interval=60.0,
+        batch_events=40,
+        stage_every=0.001,
+        stage_events=1,
+    )
+    warned = Warned()
+    logging.getLogger("busd.journal").addHandler(warned)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await first_write(journal)
+            append(journal, range(2, 21))
+            await warned.event.wait()
+            assert file.failed_calls == [19]
+            assert "cannot stage events" in warned.messages[0]
+            assert file.staged == 0  # rolled back; the events wait for the write
+            assert journal.pending == 19
+            append(journal, range(21, 42))  # 40 in all after the first write: a full batch
+            await journal.journaled(41)
+            nursery.cancel_scope.cancel()
+    finally:
+        logging.getLogger("busd.journal").removeHandler(warned)
+    assert file.staged_calls == []  # nothing is staged onto a batch that failed to stage
+    assert seqs_in(path) == list(range(1, 42))
+    stats = journal.statistics()
+    assert (stats["events"], stats["duplicates"], stats["write_errors"]) == (41, 0, 0)
+    await journal.aclose()
+
+
+async def test_a_stop_commits_what_was_staged(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    file = staging(path)
+    journal = Journal(
+        file,
+        file.recover(reserve=1000, sessions=0),
+        sessions=lambda since: [],
+        interval=60.0,
+        stage_every=0.001,
+        stage_events=1,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        append(journal, range(2, 31))
+        await staged(file, 29)
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
+    assert journal.unjournaled == []
+    assert seqs_in(path) == list(range(1, 31))
+    again = Journal.open(path, sessions=lambda since: [])
+    try:
+        assert again.next_seq == 31
+        assert again.crashed is None
+    finally:
+        await again.aclose()
+
+
+async def test_a_few_events_are_not_staged(tmp_path: Path) -> None:
+    """At an agent's pace a stage would cost a trip to the thread for an event or two."""
+    path = tmp_path / "j.sqlite3"
+    file = staging(path)
+    journal = Journal(
+        file,
+        file.recover(reserve=1000, sessions=0),
+        sessions=lambda since: [],
+        interval=0.05,
+        stage_every=0.001,
+        stage_events=10,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        append(journal, range(2, 11))
+        await journal.journaled(10)
+        nursery.cancel_scope.cancel()
+    assert file.staged_calls == []
+    assert seqs_in(path) == list(range(1, 11))
+    await journal.aclose()
+
+
+async def test_without_staging_a_write_inserts_its_whole_batch(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    file = staging(path)
+    journal = Journal(
+        file,
+        file.recover(reserve=1000, sessions=0),
+        sessions=lambda since: [],
+        interval=0.01,
+        stage_every=0,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        append(journal, range(2, 31))
+        await journal.journaled(30)
+        nursery.cancel_scope.cancel()
+    assert file.staged_calls == []
+    assert seqs_in(path) == list(range(1, 31))
+    await journal.aclose()
