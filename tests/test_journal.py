@@ -977,6 +977,37 @@ async def test_a_resume_from_the_journal_neither_loses_nor_doubles_live_events(
         assert [e.seq for e in events[:3000]] == list(range(1, 3001))
 
 
+@pytest.mark.parametrize("staging", [True, False])
+async def test_the_daemon_stages_a_fast_stream_unless_told_not_to(
+    tmp_path: Path, sock_path: Path, staging: bool
+) -> None:
+    """``busd serve --no-journal-staging`` is ``journal_staging=False``: writes insert whole."""
+    config = DaemonConfig(journal=str(tmp_path / "j.sqlite3"), journal_staging=staging)
+    async with running_daemon(sock_path, config) as server:
+        journal = journal_of(server.daemon)
+        stages: list[int] = []
+        stage = journal.file.stage
+
+        def counted(envelopes: Any, raws: Any) -> None:
+            stages.append(len(envelopes))
+            stage(envelopes, raws)
+
+        journal.file.stage = counted  # type: ignore[method-assign]
+        async with connect(sock_path, client="pub", role="agent") as client:
+            await publish_texts(client, 1)  # a new journal's first write goes at once
+            await journal.journaled(server.daemon.bus.head_seq)
+            await publish_texts(client, 2000)
+        await journal.journaled(server.daemon.bus.head_seq)
+        stats = journal.statistics()
+    assert (stats["events"], stats["duplicates"], stats["lost"]) == (2001, 0, 0)
+    if staging:
+        assert stages
+        assert min(stages) >= journal.stage_events
+    else:
+        assert journal.stage_every == 0
+        assert stages == []
+
+
 async def test_a_restarted_daemon_continues_seq_keeps_sessions_and_resumes(
     tmp_path: Path, sock_path: Path
 ) -> None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
+import pytest
 import trio
 
 from busd.core.events import Envelope, Event, TextDelta
@@ -75,6 +77,10 @@ async def staged(file: StagingFile, count: int) -> None:
         await file.on_stage.wait()
 
 
+def journal_on(file: JournalFile, **options: Any) -> Journal:
+    return Journal(file, file.recover(reserve=1000, sessions=0), sessions=lambda s: [], **options)
+
+
 def append(journal: Journal, seqs: range) -> None:
     for seq in seqs:
         e = envelope(seq)
@@ -132,10 +138,8 @@ def test_a_stop_drops_what_was_staged_and_never_written(tmp_path: Path) -> None:
 async def test_events_are_staged_as_they_come_and_journaled_at_the_write(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     file = staging(path)
-    journal = Journal(
+    journal = journal_on(
         file,
-        file.recover(reserve=1000, sessions=0),
-        sessions=lambda since: [],
         interval=60.0,  # only a full batch writes during this test
         batch_events=150,
         stage_every=0.001,
@@ -179,10 +183,8 @@ async def test_a_write_failing_after_a_stage_rewrites_everything_once(tmp_path: 
         if "cannot write" in message:
             failed.set()
 
-    journal = Journal(
+    journal = journal_on(
         file,
-        file.recover(reserve=1000, sessions=0),
-        sessions=lambda since: [],
         report=report,
         interval=0.05,
         stage_every=0.001,
@@ -236,10 +238,8 @@ async def test_a_stage_that_fails_leaves_its_events_to_the_write(tmp_path: Path)
         "CREATE TEMP TRIGGER flaky BEFORE INSERT ON main.events WHEN NEW.seq > 1 AND fail_once() "
         "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
     )
-    journal = Journal(
+    journal = journal_on(
         file,
-        file.recover(reserve=1000, sessions=0),
-        sessions=lambda since: [],
         interval=60.0,
         batch_events=40,
         stage_every=0.001,
@@ -272,10 +272,8 @@ async def test_a_stage_that_fails_leaves_its_events_to_the_write(tmp_path: Path)
 async def test_a_stop_commits_what_was_staged(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     file = staging(path)
-    journal = Journal(
+    journal = journal_on(
         file,
-        file.recover(reserve=1000, sessions=0),
-        sessions=lambda since: [],
         interval=60.0,
         stage_every=0.001,
         stage_events=1,
@@ -297,45 +295,24 @@ async def test_a_stop_commits_what_was_staged(tmp_path: Path) -> None:
         await again.aclose()
 
 
-async def test_a_few_events_are_not_staged(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("options", "count"),
+    [({"stage_events": 10}, 9), ({"stage_every": 0, "stage_events": 1}, 29)],
+    ids=["too few to stage", "staging off"],
+)
+async def test_unstaged_events_are_inserted_by_the_write(
+    tmp_path: Path, options: dict[str, Any], count: int
+) -> None:
     """At an agent's pace a stage would cost a trip to the thread for an event or two."""
     path = tmp_path / "j.sqlite3"
     file = staging(path)
-    journal = Journal(
-        file,
-        file.recover(reserve=1000, sessions=0),
-        sessions=lambda since: [],
-        interval=0.05,
-        stage_every=0.001,
-        stage_events=10,
-    )
+    journal = journal_on(file, **{"interval": 0.02, "stage_every": 0.001, **options})
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         await first_write(journal)
-        append(journal, range(2, 11))
-        await journal.journaled(10)
+        append(journal, range(2, count + 2))
+        await journal.journaled(count + 1)
         nursery.cancel_scope.cancel()
     assert file.staged_calls == []
-    assert seqs_in(path) == list(range(1, 11))
-    await journal.aclose()
-
-
-async def test_without_staging_a_write_inserts_its_whole_batch(tmp_path: Path) -> None:
-    path = tmp_path / "j.sqlite3"
-    file = staging(path)
-    journal = Journal(
-        file,
-        file.recover(reserve=1000, sessions=0),
-        sessions=lambda since: [],
-        interval=0.01,
-        stage_every=0,
-    )
-    async with trio.open_nursery() as nursery:
-        await nursery.start(journal.run)
-        await first_write(journal)
-        append(journal, range(2, 31))
-        await journal.journaled(30)
-        nursery.cancel_scope.cancel()
-    assert file.staged_calls == []
-    assert seqs_in(path) == list(range(1, 31))
+    assert seqs_in(path) == list(range(1, count + 2))
     await journal.aclose()

@@ -122,6 +122,14 @@ UNJOURNALED = 3
     "[default: 1GiB].",
 )
 @click.option(
+    "--journal-staging/--no-journal-staging",
+    default=True,
+    show_default=True,
+    help="Insert a batch's events into its transaction every 10 ms while it gathers (it "
+    "still commits every 50 ms): the journal's CPU in small pieces, a shorter latency tail "
+    "for some more CPU at high rates.",
+)
+@click.option(
     "--tool-timeout",
     type=Duration(),
     default=None,
@@ -184,6 +192,7 @@ def serve(
     no_journal: bool,
     journal_max_age: float | None,
     journal_max_size: int | None,
+    journal_staging: bool,
     tool_timeout: float | None,
     tool_limits: tuple[str, ...],
     permission_timeout: float | None,
@@ -226,6 +235,7 @@ def serve(
         journal=None if no_journal else str(journal_path or _file_journal(policy)),
         journal_max_age=_limit(journal_max_age, age_from_file, DEFAULT_MAX_AGE),
         journal_max_size=_limit(journal_max_size, size_from_file, DEFAULT_MAX_SIZE),
+        journal_staging=journal_staging,
         plugin_options=_plugin_options(
             policy.plugins,
             nats={

@@ -73,6 +73,7 @@ from .journal import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_PENDING,
     DEFAULT_MAX_SIZE,
+    DEFAULT_STAGE_EVERY,
     Journal,
     JournalSpan,
     Retention,
@@ -132,6 +133,8 @@ class DaemonConfig:
     """Bytes of journal before its oldest events go (None: no limit)."""
     journal_max_pending: int = DEFAULT_MAX_PENDING
     """Events waiting for the disk before further ones are not journaled."""
+    journal_staging: bool = True
+    """Insert a batch's events while it gathers, commit them at the write (docs/journal.md)."""
     plugin_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per plugin name, its options (``[plugins.NAME]`` in the config file, some flags)."""
     grants: Mapping[Role, frozenset[Right]] = field(default_factory=lambda: dict(DEFAULT_GRANTS))
@@ -260,6 +263,7 @@ class Daemon:
             report=self._journal_problem,
             retention=Retention(max_age=config.journal_max_age, max_size=config.journal_max_size),
             max_pending=config.journal_max_pending,
+            stage_every=DEFAULT_STAGE_EVERY if config.journal_staging else 0.0,
         )
         for record in journal.restored:
             self.sessions.restore(record, stats=record.stats, context=record.context)

@@ -4,7 +4,10 @@ The daemon hands each accepted envelope and its msgpack bytes (the ones it
 already encoded for fan-out) to :meth:`Journal.append`: a list append, on
 the hot path and synchronous. :meth:`Journal.run` writes what piled up in
 one transaction per batch, in a worker thread, every ``interval`` seconds
-or every ``batch_events`` events, whichever comes first. The highest seq
+or every ``batch_events`` events, whichever comes first; while a batch
+gathers, its events are staged into that transaction every
+``stage_every`` seconds (the thread's CPU in pieces, not one burst per
+write; docs/performance.md, "Staged inserts"). The highest seq
 committed is the *journaled watermark* (``status.journal.journaled_seq``):
 every event up to it is in the file, or listed as lost.
 
@@ -73,6 +76,7 @@ __all__ = [
     "DEFAULT_MAX_AGE",
     "DEFAULT_MAX_PENDING",
     "DEFAULT_MAX_SIZE",
+    "DEFAULT_STAGE_EVERY",
     "Found",
     "Journal",
     "JournalError",

@@ -10,10 +10,13 @@ order. Rounds alternate between the two daemons, so the machine's noise
 falls on both; the best round of each counts. Then the latency at a steady
 rate (``--latency-rate``, default 5,000 events/s), publish to receive, p50
 and p99, in alternating rounds (``--latency-rounds``, default 3; the round
-with the median p99 counts). ``--window-ms 0`` shows what the journal's
-writes do to the tail; at the default 16 ms the window hides it. After
-the runs, the journaled daemon's ``status`` must show every event
-journaled (nothing lost to a slow disk) and the file's size is reported.
+with the median p99 counts), and the daemon's CPU per event at that rate.
+``--window-ms 0`` shows what the journal's writes do to the tail; at the
+default 16 ms the window hides it. ``--no-staging-too`` adds a third
+daemon, journaling with ``--no-journal-staging`` (each write inserts its
+whole batch), to the same rounds. After the runs, the journaled daemon's
+``status`` must show every event journaled (nothing lost to a slow disk)
+and the file's size is reported.
 """
 
 from __future__ import annotations
@@ -39,11 +42,14 @@ from bench_fanout import (
 from fanout_report import Outcome, best, median_p99, percentile, table
 
 
-def start_busd(procs: Processes, tmp: Path, name: str, journal: Path | None) -> Server:
+def start_busd(
+    procs: Processes, tmp: Path, name: str, journal: Path | None, *, staging: bool = True
+) -> Server:
     path = tmp / f"{name}.sock"
     argv = [PYTHON, "-m", "busd", "serve", "--socket", str(path), "--log-level", "warning"]
     argv += ["--outbound-cap", str(OUTBOUND_CAP)]
     argv += ["--journal", str(journal)] if journal is not None else ["--no-journal"]
+    argv += [] if staging else ["--no-journal-staging"]
     worker = procs.start(name, argv, server=True)
     _wait_connectable(socket.AF_UNIX, str(path), worker)
     return Server("busd", str(path), worker)
@@ -64,6 +70,11 @@ def main() -> None:
         default=3,
         help="alternating latency runs of each daemon; the one with the median p99 counts",
     )
+    parser.add_argument(
+        "--no-staging-too",
+        action="store_true",
+        help="a third daemon: the journal with --no-journal-staging (docs/journal.md)",
+    )
     args = parser.parse_args()
     if args.latency_rounds < 1:
         parser.error("--latency-rounds must be at least 1")
@@ -73,10 +84,13 @@ def main() -> None:
         journal = tmp / "state" / "journal.sqlite3"
         procs = Processes(tmp)
         try:
-            servers = {
-                "journal on": start_busd(procs, tmp, "on", journal),
-                "journal off": start_busd(procs, tmp, "off", None),
-            }
+            servers = {"journal on": start_busd(procs, tmp, "on", journal)}
+            if args.no_staging_too:
+                unstaged = tmp / "state" / "unstaged.sqlite3"
+                servers["journal on, no staging"] = start_busd(
+                    procs, tmp, "unstaged", unstaged, staging=False
+                )
+            servers["journal off"] = start_busd(procs, tmp, "off", None)
             for server in servers.values():
                 measure(procs, server, subscribers=1, events=args.warmup)
 
@@ -116,14 +130,19 @@ def main() -> None:
             else (f"FAILED: {latency[label].problem}", "")
         )
         rounds = " ".join(f"{p / 1e6:.2f}" for p in latency[label].round_p99s_ns)
-        rows.append([label, outcome.cell(), f"{cpu:.1f}", p50, p99, rounds or "-"])
+        steady = latency[label]
+        steady_cpu = steady.cpu_server / steady.events * 1e6 if steady.events else 0.0
+        rows.append(
+            [label, outcome.cell(), f"{cpu:.1f}", p50, p99, rounds or "-", f"{steady_cpu:.1f}"]
+        )
     print(
         f"{args.events:,} events, {args.subscribers} subscriber(s), window {args.window_ms} ms, "
         f"best of {args.repeat}; latency at {args.latency_rate:,.0f} events/s, "
         f"the round with the median p99 of {args.latency_rounds}"
     )
     header = ["daemon", "events/s", "daemon CPU µs/event", "p50 ms", "p99 ms"]
-    print(table([*header, "p99 of each round"], rows))
+    at_rate = "daemon CPU µs/event at the rate"
+    print(table([*header, "p99 of each round", at_rate], rows))
     rate_on = outcomes["journal on"].rate
     rate_off = outcomes["journal off"].rate
     if rate_on and rate_off:
