@@ -112,6 +112,11 @@ def test_staged_rows_are_committed_by_the_write_and_counted_once(tmp_path: Path)
         assert written.inserted == 10
         assert file.staged == 0
         assert seqs_in(path) == list(range(1, 11))
+        # A write must carry what was staged (else it would commit rows it does not know).
+        more = [envelope(seq) for seq in range(12, 15)]
+        file.stage(more, [encode_envelope(e) for e in more])
+        with pytest.raises(ValueError, match="3 events are staged but the write has 1"):
+            file.write(more[:1], [encode_envelope(more[0])], [], [], head=12, reserved=12)
     finally:
         file.close()
 

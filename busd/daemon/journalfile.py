@@ -340,6 +340,8 @@ class JournalFile:
         :meth:`stage` already inserted: this commits them with the rest."""
         conn = self._conn
         staged = self._staged
+        if staged > len(envelopes):
+            raise ValueError(f"{staged} events are staged but the write has {len(envelopes)}")
         before = conn.total_changes
         if not staged:
             conn.execute("BEGIN IMMEDIATE")
@@ -376,6 +378,8 @@ class JournalFile:
         which delayed the events fanned out meanwhile. Nothing is committed
         (readers and the watermark see nothing) until :meth:`write`; a
         failure rolls back everything staged (the write then inserts it all).
+        Until then only :meth:`write` or :meth:`release` may use the file
+        (retention runs between writes).
         """
         conn = self._conn
         before = conn.total_changes
