@@ -321,3 +321,29 @@ async def test_unstaged_events_are_inserted_by_the_write(
     assert file.staged_calls == []
     assert seqs_in(path) == list(range(1, count + 2))
     await journal.aclose()
+
+
+async def test_at_a_slow_pace_the_writer_sleeps_until_the_write(tmp_path: Path) -> None:
+    """No wake-up every ``stage_every`` while fewer than ``stage_events`` wait."""
+    file = staging(tmp_path / "j.sqlite3")
+    journal = journal_on(file, interval=0.05, stage_every=0.001, stage_events=32)
+    stage = journal._stage
+    woken: list[int] = []
+
+    async def counted() -> None:
+        woken.append(len(journal._pending))
+        await stage()
+
+    journal._stage = counted  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        append(journal, range(2, 7))
+        await journal.journaled(6)
+        assert woken == []
+        append(journal, range(7, 50))  # 43 more: enough to stage
+        await journal.journaled(49)
+        nursery.cancel_scope.cancel()
+    assert woken
+    assert min(woken) >= 32
+    await journal.aclose()

@@ -125,9 +125,9 @@ UNJOURNALED = 3
     "--journal-staging/--no-journal-staging",
     default=True,
     show_default=True,
-    help="Insert a batch's events into its transaction every 10 ms while it gathers (it "
-    "still commits every 50 ms): the journal's CPU in small pieces, a shorter latency tail "
-    "for some more CPU at high rates.",
+    help="Insert a batch's events into its transaction while it gathers, once 32 wait, at "
+    "most every 10 ms (it still commits every 50 ms): the journal's CPU in small pieces, a "
+    "shorter latency tail for some more CPU at high rates.",
 )
 @click.option(
     "--tool-timeout",

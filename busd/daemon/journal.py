@@ -5,9 +5,10 @@ already encoded for fan-out) to :meth:`Journal.append`: a list append, on
 the hot path and synchronous. :meth:`Journal.run` writes what piled up in
 one transaction per batch, in a worker thread, every ``interval`` seconds
 or every ``batch_events`` events, whichever comes first; while a batch
-gathers, its events are staged into that transaction every
-``stage_every`` seconds (the thread's CPU in pieces, not one burst per
-write; docs/performance.md, "Staged inserts"). The highest seq
+gathers, its events are staged into that transaction once
+``stage_events`` wait, at most every ``stage_every`` seconds (the
+thread's CPU in pieces, not one burst per write; docs/performance.md,
+"Staged inserts"). The highest seq
 committed is the *journaled watermark* (``status.journal.journaled_seq``):
 every event up to it is in the file, or listed as lost.
 
@@ -242,7 +243,7 @@ class Journal:
         self._failing = False
         self._stalled = False  # publishers waited max_wait in vain: stop holding them
         self._wake = trio.Event()
-        self._full = trio.Event()
+        self._nudge = trio.Event()  # a full batch, or enough events to stage
         self._written = trio.Event()  # set (and replaced) by every successful write
         self._over_size = False
         stats = file.statistics()
@@ -288,8 +289,8 @@ class Journal:
         n = len(pending)
         if n == 1:
             self._wake.set()
-        if n == self._full_at:
-            self._full.set()
+        if n == self._full_at or n == self.stage_events:
+            self._nudge.set()
 
     def _reserve_ahead(self, seq: int) -> None:
         """Seqs near what the database reserved (its writes are behind or fail): reserve more
@@ -466,7 +467,6 @@ class Journal:
                     await self._wake.wait()
                 continue
             if self._journaled and len(self._pending) < self._full_at:
-                self._full = trio.Event()
                 await self._gather()
             if not await self.flush():
                 await trio.sleep(_RETRY)
@@ -474,22 +474,27 @@ class Journal:
     async def _gather(self) -> None:
         """Wait for the next write (``interval``, or a full batch), staging what comes.
 
-        Every ``stage_every`` seconds the events that came, if at least
-        ``stage_events``, are inserted into the write's transaction
+        Once ``stage_events`` wait, and at most every ``stage_every``
+        seconds, they are inserted into the write's transaction
         (:meth:`JournalFile.stage`): the write's CPU in small pieces, not in
         one burst that delays the events fanned out meanwhile. The watermark
-        still moves only when the write commits.
+        still moves only when the write commits. Slower than that, the task
+        sleeps until the write, as without staging.
         """
         deadline = trio.current_time() + self.interval
-        while not self._full.is_set():
+        staging = self.stage_every > 0
+        stage_from = trio.current_time() + self.stage_every  # at most one stage this often
+        while len(self._pending) < self._full_at:
+            ready = staging and len(self._pending) >= self.stage_events
+            self._nudge = trio.Event()  # no wake-up until a stage or the write is due
+            with trio.move_on_at(min(deadline, stage_from) if ready else deadline):
+                await self._nudge.wait()
             now = trio.current_time()
             if now >= deadline:
                 return
-            until = min(deadline, now + self.stage_every) if self.stage_every > 0 else deadline
-            with trio.move_on_at(until):
-                await self._full.wait()
-            if until < deadline and not self._full.is_set():
+            if ready and now >= stage_from and len(self._pending) < self._full_at:
                 await self._stage()
+                stage_from = trio.current_time() + self.stage_every
 
     async def _stage(self) -> None:
         """Move the pending events to the write in flight and insert them (not committed)."""
