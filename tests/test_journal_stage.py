@@ -1,8 +1,9 @@
 """Staging: the journal inserts events as they come, and commits them once per write.
 
 The writer thread's inserts used to come in one burst per write (every
-50 ms), which delayed the events fanned out meanwhile; now they are staged
-every ``stage_every`` seconds into the transaction the write then commits.
+50 ms), which delayed the events fanned out meanwhile; now, once
+``stage_events`` wait (at most every ``stage_every`` seconds), they are
+staged into the transaction the write then commits.
 What must hold: nothing staged is visible or counted as journaled before
 the commit, a failure anywhere leaves every event written exactly once
 (or recorded lost at a stop), and a stop commits what was staged.
