@@ -16,6 +16,10 @@ end, error or Ctrl-C alike:
   the publisher pipelining 1,000 publishes per round trip;
 - NATS: ``nats-server`` on 127.0.0.1, nats-py (its own write buffer, a flush
   at the end);
+- NATS with JetStream (``nats-js``; by default only with ``--journal``):
+  the same, with JetStream storing every event in a file-backed stream as
+  it is published, as busd's journal does; a run counts only if the stream
+  holds every event at the end;
 - a bare Python forwarder: an asyncio Unix-socket server that copies the
   publisher's length-prefixed frames to every subscriber and does nothing
   else, the ceiling of any broker written in Python.
@@ -262,11 +266,14 @@ def start_server(
         worker = procs.start(name, argv, server=True)
         _wait_connectable(socket.AF_UNIX, str(path), worker)
         return Server(system, str(path), worker)
-    if system == "nats":
+    if system in ("nats", "nats-js"):
         nats_server = _which("nats-server")
         assert nats_server is not None
         port = _free_port()
-        worker = procs.start(name, [nats_server, "-a", "127.0.0.1", "-p", str(port)], server=True)
+        argv = [nats_server, "-a", "127.0.0.1", "-p", str(port)]
+        if system == "nats-js":  # JetStream's file store in the temporary directory
+            argv += ["-js", "-sd", str(tmp / f"{name}-jetstream")]
+        worker = procs.start(name, argv, server=True)
         _wait_connectable(socket.AF_INET, ("127.0.0.1", port), worker)
         return Server(system, f"nats://127.0.0.1:{port}", worker)
     path = tmp / "forwarder.sock"
@@ -277,7 +284,11 @@ def start_server(
 
 def missing(system: str) -> str | None:
     """Why ``system`` cannot run here, or ``None``."""
-    needs = {"redis": ("redis-server", "redis"), "nats": ("nats-server", "nats")}.get(system)
+    needs = {
+        "redis": ("redis-server", "redis"),
+        "nats": ("nats-server", "nats"),
+        "nats-js": ("nats-server", "nats"),
+    }.get(system)
     if needs is None:
         return None
     program, module = needs
@@ -357,8 +368,11 @@ def measure(
         for worker in started:
             procs.stop(worker)
     short = [r["count"] for r in results if r["count"] != events]
+    stored = sent.get("stored")
     if short:
         outcome.problem = f"lost events: got {min(short):,} of {events:,}"
+    elif stored is not None and stored != events:
+        outcome.problem = f"the stream stored {stored:,} of {events:,} events"
     elif not all(r["ordered"] for r in results):
         outcome.problem = "events out of order"
     else:
@@ -398,7 +412,11 @@ def main() -> None:
     parser.add_argument(
         "--warmup", type=int, default=70_000, help="events through busd before measuring"
     )
-    parser.add_argument("--systems", default="busd,redis,nats,forwarder")
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help="default busd,redis,nats,forwarder (and nats-js with --journal)",
+    )
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 0], help="busd windows")
     parser.add_argument("--latency-rate", type=float, default=5_000.0)
     parser.add_argument("--latency-events", type=int, default=None, help="default 2 s worth")
@@ -449,7 +467,8 @@ def main() -> None:
     if not args.latency_rate > 0:
         parser.error("--latency-rate must be a rate above 0 events/s")
     busd_command = shlex.split(args.busd_command)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    default = "busd,redis,nats,forwarder" + (",nats-js" if args.journal else "")
+    systems = [s.strip() for s in (args.systems or default).split(",") if s.strip()]
     for system in systems:
         if system not in LABELS:
             parser.error(f"unknown system {system!r}; choose from {', '.join(LABELS)}")
@@ -475,6 +494,7 @@ def main() -> None:
     throughput: dict[tuple[Variant, int], Outcome] = {}
     latency: dict[tuple[Variant, int], Outcome] = {}
     idle: tuple[int, int] | None = None
+    journal_status: dict[str, int] | None = None
     began = time.monotonic()
     load_before = os.getloadavg()[0]
     with (
@@ -530,6 +550,10 @@ def main() -> None:
                         )
                         latency_runs.setdefault((variant, n), []).append(outcome)
             latency = {key: median_p99(outcomes) for key, outcomes in latency_runs.items()}
+            if args.journal and "busd" in servers:
+                time.sleep(0.2)  # a few write intervals, for the last batch
+                status = daemon_status(servers["busd"])
+                journal_status = {**status["journal"], "head_seq": status["head_seq"]}
             for system, server in servers.items():
                 # SIGINT: busd shuts down cleanly (and cProfile writes its file)
                 procs.stop(server.worker, signal.SIGINT if system == "busd" else signal.SIGTERM)
@@ -578,6 +602,7 @@ def main() -> None:
         idle_clients=args.idle_clients,
         outbound_cap=args.outbound_cap,
         journal=args.journal,
+        journal_status=journal_status,
         repeat=args.repeat,
         warmup=args.warmup,
         seconds=time.monotonic() - began,

@@ -7,7 +7,9 @@ Started by ``bench_fanout.py``, one process per role, never by hand:
     python fanout_peers.py forwarder SOCKET
     python fanout_peers.py idle SOCKET --clients 100
 
-SYSTEM is ``busd``, ``redis``, ``nats`` or ``forwarder``. Every process
+SYSTEM is ``busd``, ``redis``, ``nats``, ``nats-js`` or ``forwarder``
+(``nats-js``: a NATS server whose JetStream stores every event on disk, as
+busd's journal does; its subscribers are NATS's). Every process
 speaks JSON lines on stdout: ``{"ready": true}`` once it is connected (and,
 for a subscriber, subscribed: the server has confirmed it), then one result.
 A publisher waits for a line on stdin before its first send, so the
@@ -41,6 +43,8 @@ import trio
 from busd.core.events import TextDelta
 
 CHANNEL = "bench.fanout"  # the Redis channel and the NATS subject
+STREAM = "BENCH"  # the JetStream stream that stores CHANNEL (nats-js)
+STORED_TIMEOUT = 60.0  # seconds a nats-js publisher waits for the stream to hold its events
 EVENT_TYPE = "stream.text.delta"
 SESSION = "bench"
 MESSAGE_ID = "msg_01JB7X"
@@ -324,11 +328,29 @@ async def nats_subscriber(address: str, events: int, latency: bool) -> None:
     await client.close()
 
 
-async def nats_publisher(address: str, events: int, rate: float | None) -> None:
+async def nats_publisher(
+    address: str, events: int, rate: float | None, *, jetstream: bool = False
+) -> None:
+    """NATS's publisher; with ``jetstream``, the server also stores every event in a stream.
+
+    It publishes the same way (core NATS, no per-message ack: like busd's
+    default publish, acknowledged by nothing but the journal's watermark),
+    and after its flush waits until the stream holds every event, so a
+    round counts only if the server stored them all (``stored``).
+    """
     import nats  # type: ignore[import-not-found, unused-ignore]
 
     encode = msgspec.msgpack.Encoder().encode
     client = await nats.connect(address, allow_reconnect=False)
+    stream = None
+    stored_before = 0
+    if jetstream:
+        from nats.js.api import StorageType, StreamConfig  # type: ignore[import-not-found, unused-ignore]
+
+        stream = client.jetstream()
+        config = StreamConfig(name=STREAM, subjects=[CHANNEL], storage=StorageType.FILE)
+        info = await stream.add_stream(config)  # the same config again: a no-op
+        stored_before = info.state.last_seq
     await client.flush()
     say(ready=True)
     await asyncio.get_running_loop().run_in_executor(None, wait_for_go)
@@ -346,7 +368,17 @@ async def nats_publisher(address: str, events: int, rate: float | None) -> None:
         await paced(events, rate, send, asyncio.sleep)
     sent = time.monotonic_ns()
     await client.flush()
-    say(start_ns=start, sent_ns=sent, flushed_ns=time.monotonic_ns(), cpu_s=cpu(cpu_start))
+    flushed = time.monotonic_ns()
+    cpu_s = cpu(cpu_start)  # the publishing; not the polling below
+    stored = None
+    if stream is not None:
+        deadline = time.monotonic() + STORED_TIMEOUT
+        while True:
+            stored = (await stream.stream_info(STREAM)).state.last_seq - stored_before
+            if stored >= events or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
+    say(start_ns=start, sent_ns=sent, flushed_ns=flushed, cpu_s=cpu_s, stored=stored)
     await client.close()
 
 
@@ -516,7 +548,7 @@ def main() -> None:
             trio.run(busd_subscriber, address, args.events, args.window_ms, args.latency)
         elif system == "redis":
             redis_subscriber(address, args.events, args.latency)
-        elif system == "nats":
+        elif system in ("nats", "nats-js"):
             asyncio.run(nats_subscriber(address, args.events, args.latency))
         else:
             forwarder_subscriber(address, args.events, args.latency)
@@ -524,8 +556,9 @@ def main() -> None:
         trio.run(busd_publisher, address, args.events, args.rate)
     elif system == "redis":
         redis_publisher(address, args.events, args.rate)
-    elif system == "nats":
-        asyncio.run(nats_publisher(address, args.events, args.rate))
+    elif system in ("nats", "nats-js"):
+        jetstream = system == "nats-js"
+        asyncio.run(nats_publisher(address, args.events, args.rate, jetstream=jetstream))
     else:
         forwarder_publisher(address, args.events, args.rate)
 

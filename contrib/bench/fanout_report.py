@@ -18,6 +18,7 @@ LABELS = {
     "busd": "busd",
     "redis": "Redis pub/sub",
     "nats": "NATS",
+    "nats-js": "NATS with JetStream",
     "forwarder": "bare Python forwarder",
 }
 
@@ -114,6 +115,7 @@ def report(
     idle_clients: int,
     outbound_cap: int,
     journal: bool,
+    journal_status: dict[str, int] | None = None,
     repeat: int,
     warmup: int,
     seconds: float,
@@ -198,6 +200,14 @@ def report(
         print("\nThe same, split into user and system time\n")
         print(table(*server_split_table(latency_variants, latency_counts, latency)))
 
+    if journal_status is not None:
+        print(
+            f"\nbusd's journal at the end: {journal_status['events']:,} events, journaled_seq "
+            f"{journal_status['journaled_seq']:,} of head {journal_status['head_seq']:,}, "
+            f"lost {journal_status['lost']:,}"
+            + ("" if not journal_status["lost"] else " (it fell behind: not every event kept)")
+        )
+
     if idle is not None:
         before, after = idle
         print(f"\nIdle frontends: {idle_clients} clients attached, each subscribed to '>'\n")
@@ -216,7 +226,10 @@ def report(
         )
 
     print("\nTargets (issue 20)\n")
-    for line in targets(variants, throughput, latency, latency_counts, idle, idle_clients):
+    lines = targets(
+        variants, throughput, latency, latency_counts, idle, idle_clients, journal=journal
+    )
+    for line in lines:
         print(f"- {line}")
 
 
@@ -320,6 +333,42 @@ P99_SUBSCRIBERS = 4  # the p99 target's subscriber count (the issue's measuremen
 IDLE_LIMIT = 20e6  # bytes of RSS growth for 100 idle frontends
 
 
+def _persisting(
+    busd: list[Variant],
+    throughput: dict[tuple[Variant, int], Outcome],
+    latency: dict[tuple[Variant, int], Outcome],
+    at: int,
+    *,
+    journal: bool,
+) -> list[str]:
+    """busd against NATS with JetStream, both storing every event: a comparison, no target."""
+    peer = Variant("nats-js")
+    how = (
+        "like for like (both store every event)"
+        if journal
+        else "busd without its journal (--journal compares like for like)"
+    )
+    lines = []
+    for n in (4, 16):
+        theirs = throughput.get((peer, n))
+        done = [(v, o) for v in busd if (o := throughput.get((v, n))) and o.rate]
+        if theirs is None or not theirs.rate or not done:
+            continue
+        fastest, mine = max(done, key=lambda pair: pair[1].rate or 0.0)
+        lines.append(
+            f"{how}, {n} subscribers, busd / {LABELS['nats-js']}: "
+            f"{(mine.rate or 0.0) / theirs.rate:.2f}x with {fastest.label} (no target)"
+        )
+    mine_p, theirs_p = latency.get((Variant("busd", 0), at)), latency.get((peer, at))
+    if mine_p and theirs_p and mine_p.latencies_ns and theirs_p.latencies_ns:
+        lines.append(
+            f"{how}, p99 at the steady rate, {at} subscribers, busd window 0 vs "
+            f"{LABELS['nats-js']}: {percentile(sorted(mine_p.latencies_ns), 0.99) / 1e6:.3f} vs "
+            f"{percentile(sorted(theirs_p.latencies_ns), 0.99) / 1e6:.3f} ms (no target)"
+        )
+    return lines
+
+
 def targets(
     variants: list[Variant],
     throughput: dict[tuple[Variant, int], Outcome],
@@ -327,6 +376,8 @@ def targets(
     latency_counts: list[int],
     idle: tuple[int, int] | None,
     idle_clients: int,
+    *,
+    journal: bool = False,
 ) -> list[str]:
     """Issue 20's targets, each with its measured figure and verdict (or why it was not run)."""
     lines = []
@@ -366,6 +417,8 @@ def targets(
         )
     else:
         lines.append(f"{goal}: not measured (needs --windows 0 and nats, or a run failed)")
+
+    lines += _persisting(busd, throughput, latency, at, journal=journal)
 
     if idle is not None:
         growth = idle[1] - idle[0]
