@@ -43,6 +43,20 @@ class Outcome:
         return f"{self.rate:,.0f}" if self.rate is not None else f"FAILED: {self.problem}"
 
 
+def rounds_lower(mine: Outcome, theirs: Outcome) -> str:
+    """``"; busd's lower in 2 of 3 rounds"``: the interleaved rounds compared pairwise.
+
+    Round k of each system ran back to back, so a pair shares the machine's
+    mood; a verdict on two medians that differ by microseconds says little
+    without it.
+    """
+    pairs = list(zip(mine.round_p99s_ns, theirs.round_p99s_ns, strict=False))
+    if len(pairs) < 2:
+        return ""
+    lower = sum(1 for a, b in pairs if a < b)
+    return f"; busd's lower in {lower} of {len(pairs)} rounds"
+
+
 def percentile(values: Sequence[int], q: float) -> float:
     """Nearest-rank percentile of sorted ``values``."""
     return float(values[max(0, math.ceil(q * len(values)) - 1)])
@@ -364,7 +378,8 @@ def _persisting(
         lines.append(
             f"{how}, p99 at the steady rate, {at} subscribers, busd window 0 vs "
             f"{LABELS['nats-js']}: {percentile(sorted(mine_p.latencies_ns), 0.99) / 1e6:.3f} vs "
-            f"{percentile(sorted(theirs_p.latencies_ns), 0.99) / 1e6:.3f} ms (no target)"
+            f"{percentile(sorted(theirs_p.latencies_ns), 0.99) / 1e6:.3f} ms"
+            f"{rounds_lower(mine_p, theirs_p)} (no target)"
         )
     return lines
 
@@ -410,10 +425,11 @@ def targets(
     goal = "p99 publish-to-frontend at the steady rate, busd window 0 <= NATS"
     if len(p99) == 2:
         note = "" if at == P99_SUBSCRIBERS else " (the target is with 4: --latency-subscribers 4)"
+        pairs = rounds_lower(latency[Variant("busd", 0), at], latency[Variant("nats"), at])
         lines.append(
             # to the microsecond: the verdict compares them unrounded, and they are often close
             f"{goal}, {at} subscribers{note}: {p99['busd'] / 1e6:.3f} ms vs "
-            f"{p99['nats'] / 1e6:.3f} ms: {verdict(p99['busd'] <= p99['nats'])}"
+            f"{p99['nats'] / 1e6:.3f} ms{pairs}: {verdict(p99['busd'] <= p99['nats'])}"
         )
     else:
         lines.append(f"{goal}: not measured (needs --windows 0 and nats, or a run failed)")
