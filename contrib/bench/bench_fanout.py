@@ -552,8 +552,11 @@ def main() -> None:
             latency = {key: median_p99(outcomes) for key, outcomes in latency_runs.items()}
             if args.journal and "busd" in servers:
                 time.sleep(0.2)  # a few write intervals, for the last batch
-                status = daemon_status(servers["busd"])
-                journal_status = {**status["journal"], "head_seq": status["head_seq"]}
+                try:
+                    status = daemon_status(servers["busd"])
+                    journal_status = {**status["journal"], "head_seq": status["head_seq"]}
+                except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
+                    print(f"cannot read busd's journal status: {exc!r}", file=sys.stderr)
             for system, server in servers.items():
                 # SIGINT: busd shuts down cleanly (and cProfile writes its file)
                 procs.stop(server.worker, signal.SIGINT if system == "busd" else signal.SIGTERM)
