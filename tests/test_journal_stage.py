@@ -82,6 +82,11 @@ def journal_on(file: JournalFile, **options: Any) -> Journal:
     return Journal(file, file.recover(reserve=1000, sessions=0), sessions=lambda s: [], **options)
 
 
+def staging_each_event(file: JournalFile, **options: Any) -> Journal:
+    """A journal that stages every event at once (a stage per millisecond at most)."""
+    return journal_on(file, stage_every=0.001, stage_events=1, **options)
+
+
 def append(journal: Journal, seqs: range) -> None:
     for seq in seqs:
         e = envelope(seq)
@@ -144,12 +149,10 @@ def test_a_stop_drops_what_was_staged_and_never_written(tmp_path: Path) -> None:
 async def test_events_are_staged_as_they_come_and_journaled_at_the_write(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     file = staging(path)
-    journal = journal_on(
+    journal = staging_each_event(
         file,
         interval=60.0,  # only a full batch writes during this test
         batch_events=150,
-        stage_every=0.001,
-        stage_events=1,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
@@ -189,13 +192,7 @@ async def test_a_write_failing_after_a_stage_rewrites_everything_once(tmp_path: 
         if "cannot write" in message:
             failed.set()
 
-    journal = journal_on(
-        file,
-        report=report,
-        interval=0.05,
-        stage_every=0.001,
-        stage_events=1,
-    )
+    journal = staging_each_event(file, report=report, interval=0.05)
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         await first_write(journal)
@@ -244,13 +241,7 @@ async def test_a_stage_that_fails_leaves_its_events_to_the_write(tmp_path: Path)
         "CREATE TEMP TRIGGER flaky BEFORE INSERT ON main.events WHEN NEW.seq > 1 AND fail_once() "
         "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
     )
-    journal = journal_on(
-        file,
-        interval=60.0,
-        batch_events=40,
-        stage_every=0.001,
-        stage_events=1,
-    )
+    journal = staging_each_event(file, interval=60.0, batch_events=40)
     warned = Warned()
     logging.getLogger("busd.journal").addHandler(warned)
     try:
@@ -278,12 +269,7 @@ async def test_a_stage_that_fails_leaves_its_events_to_the_write(tmp_path: Path)
 async def test_a_stop_commits_what_was_staged(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     file = staging(path)
-    journal = journal_on(
-        file,
-        interval=60.0,
-        stage_every=0.001,
-        stage_events=1,
-    )
+    journal = staging_each_event(file, interval=60.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         await first_write(journal)
