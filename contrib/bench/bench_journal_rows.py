@@ -1,6 +1,7 @@
 """What a journaled event costs the writer thread, and a resume's read, by schema.
 
     python contrib/bench/bench_journal_rows.py [--events 50000] [--batch 250] [--rounds 6]
+        [--candidates]
 
 In process, no daemon: the same envelopes (``stream.text.delta`` in four
 sessions with a run, encoded as the daemon encodes them) written in
@@ -13,6 +14,14 @@ reference). Then a resume's read of each file: ``JournalReader.page``
 reader ran (the columns, no decoding). The thread's CPU per event, the
 variants taking turns, the median of the rounds; the ratio is schema 2's
 to schema 1's in the same command.
+
+``--candidates`` adds layouts a schema 3 could take, written here as
+schema 1 is (their writes only: no reader exists for them), each write
+doing what ``JournalFile.write`` does besides the rows (the spans, the
+meta update, the size): ids as 16 bytes instead of 36 characters; one
+row per write holding the msgpack array of its envelopes, with the ids
+in a table of their own (so a copy whose id is journaled is still
+refused); and that row alone (no ids: the floor of the layout).
 """
 
 from __future__ import annotations
@@ -25,9 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from busd.core.events import Envelope, Event, TextDelta
 from busd.core.ids import new_event_id
 from busd.daemon.journalfile import PAGE_ROWS, JournalFile, JournalReader
+from busd.daemon.journalrows import UPSERT_SPAN, _spans
 from busd.wire import encode_envelope
 
 SCHEMA_1_EVENTS = """
@@ -43,6 +55,20 @@ SCHEMA_1_READ = (
     "SELECT seq, type, session_id, run_id, stale, envelope FROM events "
     "WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
 )
+
+
+BLOB_IDS = """
+DROP TABLE events;
+CREATE TABLE events (seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, envelope BLOB NOT NULL);
+"""
+ONE_ROW_A_WRITE = """
+DROP TABLE events;
+CREATE TABLE events (seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL, envelopes BLOB NOT NULL);
+CREATE TABLE ids (id TEXT PRIMARY KEY) WITHOUT ROWID;
+"""
+CANDIDATES = {"16-byte ids": BLOB_IDS, "a row a write + ids": ONE_ROW_A_WRITE}
+CANDIDATES["a row a write"] = ONE_ROW_A_WRITE
+SCHEMAS = ("schema 1", "schema 2")
 
 
 def envelopes(count: int) -> list[Envelope[Event]]:
@@ -84,21 +110,61 @@ def schema_1_write(file: JournalFile, batch: list[Envelope[Event]], raws: list[A
     file.size()
 
 
-def write(path: Path, schema: int, events: list[Envelope[Event]], size: int) -> float:
+def candidate_write(
+    file: JournalFile, variant: str, batch: list[Envelope[Event]], raws: list[Any]
+) -> None:
+    """One write in a candidate layout, with the rest of what ``JournalFile.write`` does."""
+    conn = file._conn
+    conn.execute("BEGIN IMMEDIATE")
+    if variant == "16-byte ids":
+        for start in range(0, len(batch), 256):
+            params: list[Any] = []
+            for i in range(start, min(start + 256, len(batch))):
+                params += (batch[i].seq, bytes.fromhex(batch[i].id.replace("-", "")), raws[i])
+            values = ", ".join(["(?, ?, ?)"] * (len(params) // 3))
+            conn.execute(f"INSERT OR IGNORE INTO events VALUES {values}", params)
+    else:
+        if variant == "a row a write + ids":
+            for start in range(0, len(batch), 256):
+                ids = [e.id for e in batch[start : start + 256]]
+                values = ", ".join(["(?)"] * len(ids))
+                conn.execute(f"INSERT OR IGNORE INTO ids VALUES {values}", ids)
+        conn.execute(
+            "INSERT INTO events VALUES (?, ?, ?)",
+            (batch[0].seq, batch[-1].seq, _ENCODE(raws)),
+        )
+    conn.executemany(UPSERT_SPAN, _spans(batch))
+    conn.execute(
+        "UPDATE meta SET value = CASE key WHEN 'head' THEN ? WHEN 'reserved' THEN ? "
+        "ELSE value + ? END WHERE key IN ('head', 'reserved', 'events')",
+        (batch[-1].seq, batch[-1].seq, len(batch)),
+    )
+    conn.execute("COMMIT")
+    file.size()
+
+
+_ENCODE = msgspec.msgpack.Encoder().encode
+
+
+def write(path: Path, variant: str, events: list[Envelope[Event]], size: int) -> float:
     """CPU µs per event of the writes; the file is left for the read."""
     raws = [encode_envelope(e) for e in events]
     file = JournalFile.open(path)
     try:
-        if schema == 1:
+        if variant == "schema 1":
             file._conn.executescript(SCHEMA_1_EVENTS)
+        elif variant in CANDIDATES:
+            file._conn.executescript(CANDIDATES[variant])
         started = time.thread_time()
         for start in range(0, len(events), size):
             batch, part = events[start : start + size], raws[start : start + size]
-            if schema == 1:
+            if variant == "schema 1":
                 schema_1_write(file, batch, part)
-            else:
+            elif variant == "schema 2":
                 last = batch[-1].seq
                 file.write(batch, part, [], [], head=last, reserved=last)
+            else:
+                candidate_write(file, variant, batch, part)
         return (time.thread_time() - started) / len(events) * 1e6
     finally:
         file.close()
@@ -127,17 +193,25 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=250, help="events per transaction")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--candidates", action="store_true", help="also write the layouts a schema 3 could take"
+    )
     args = parser.parse_args()
     events = envelopes(args.events)
-    figures: dict[tuple[str, int], list[float]] = {}
+    variants = [*SCHEMAS, *CANDIDATES] if args.candidates else list(SCHEMAS)
+    figures: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for schema in (1, 2) if r % 2 == 0 else (2, 1):
-                path = Path(tmp) / f"r{r}-s{schema}.sqlite3"
-                figures.setdefault(("write", schema), []).append(
-                    write(path, schema, events, args.batch)
+            for n, variant in enumerate(variants if r % 2 == 0 else variants[::-1]):
+                path = Path(tmp) / f"r{r}-{n}.sqlite3"
+                figures.setdefault(("write", variant), []).append(
+                    write(path, variant, events, args.batch)
                 )
-                figures.setdefault(("read", schema), []).append(read(path, schema, args.events))
+                if variant in SCHEMAS:
+                    schema = SCHEMAS.index(variant) + 1
+                    figures.setdefault(("read", variant), []).append(
+                        read(path, schema, args.events)
+                    )
                 for suffix in ("", "-wal", "-shm", ".lock"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
     print(
@@ -146,11 +220,19 @@ def main() -> None:
     )
     print(f"{'':8} {'schema 1':>10} {'schema 2':>10} {'2 / 1':>6}")
     for what in ("write", "read"):
-        one, two = (statistics.median(figures[(what, s)]) for s in (1, 2))
+        one, two = (statistics.median(figures[(what, s)]) for s in SCHEMAS)
         print(f"{what:8} {one:10.2f} {two:10.2f} {two / one:6.2f}")
-        for s in (1, 2):
+        for s in SCHEMAS:
             rounds = " ".join(f"{x:.2f}" for x in figures[(what, s)])
-            print(f"  schema {s} {what}: [{rounds}]")
+            print(f"  {s} {what}: [{rounds}]")
+    if args.candidates:
+        two = statistics.median(figures[("write", "schema 2")])
+        print(f"\n{'write, in a layout a schema 3 could take':40} {'µs':>6} {'/ schema 2':>10}")
+        for variant in CANDIDATES:
+            written = figures[("write", variant)]
+            mine = statistics.median(written)
+            print(f"  {variant:38} {mine:6.2f} {mine / two:10.2f}")
+            print(f"    [{' '.join(f'{x:.2f}' for x in written)}]")
     sys.stdout.flush()
 
 
