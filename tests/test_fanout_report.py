@@ -13,7 +13,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "contrib" / "bench"))
 
-from fanout_report import Outcome, Variant, median_p99, rounds_lower, targets
+from fanout_report import (
+    Outcome,
+    Variant,
+    best,
+    median_p99,
+    rounds_at_least,
+    rounds_lower,
+    targets,
+)
 
 BUSD, NATS, JETSTREAM = Variant("busd", 0), Variant("nats"), Variant("nats-js")
 
@@ -30,6 +38,13 @@ def steady(*p99s_ms: float) -> Outcome:
 
 def flat(rate: float) -> Outcome:
     return Outcome(events=1000, subscribers=4, rate=rate)
+
+
+def repeated(*rates: float | None) -> Outcome:
+    """Throughput rounds at ``rates`` (``None``: a round that failed), as the report keeps them."""
+    return best(
+        [Outcome(events=1000, subscribers=4, rate=r, problem="" if r else "x") for r in rates]
+    )
 
 
 def lines_for(latency: dict[tuple[Variant, int], Outcome], *, journal: bool) -> list[str]:
@@ -73,3 +88,20 @@ def test_without_jetstream_there_is_no_like_for_like_line() -> None:
     lines = targets([BUSD, NATS], throughput, latency, [4], None, 100, journal=True)
     assert not [line for line in lines if "JetStream" in line]
     assert "4 subscribers, busd >= 1.5x NATS: 1.20x with busd (window 0 ms): MISSED" in lines
+
+
+def test_the_throughput_verdict_counts_the_rounds_that_reached_the_factor() -> None:
+    # The best rounds give 1.6x; paired round by round, only the first reached 1.5x.
+    throughput = {(BUSD, 4): repeated(160.0, 120.0, 130.0), (NATS, 4): repeated(100.0, 95.0, 90.0)}
+    lines = targets([BUSD, NATS], throughput, {}, [4], None, 100)
+    assert (
+        "4 subscribers, busd >= 1.5x NATS: 1.60x with busd (window 0 ms); per round 1.60x "
+        "1.26x 1.44x, at least 1.5x in 1 of 3: met"
+    ) in lines
+
+
+def test_a_failed_round_is_left_out_of_the_pairs() -> None:
+    mine, theirs = repeated(150.0, None, 120.0), repeated(100.0, 100.0, 100.0)
+    assert rounds_at_least(mine, theirs, 1.5) == "; per round 1.50x 1.20x, at least 1.5x in 1 of 2"
+    assert rounds_at_least(repeated(150.0, None), theirs, 1.5) == ""  # one pair: nothing to count
+    assert rounds_at_least(mine, theirs) == "; per round 1.50x 1.20x"  # no target: no count
