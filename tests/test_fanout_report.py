@@ -17,6 +17,7 @@ from fanout_report import (
     Outcome,
     Variant,
     best,
+    journal_line,
     median_p99,
     rounds_at_least,
     rounds_lower,
@@ -105,3 +106,17 @@ def test_a_failed_round_is_left_out_of_the_pairs() -> None:
     assert rounds_at_least(mine, theirs, 1.5) == "; per round 1.50x 1.20x, at least 1.5x in 1 of 2"
     assert rounds_at_least(repeated(150.0, None), theirs, 1.5) == ""  # one pair: nothing to count
     assert rounds_at_least(mine, theirs) == "; per round 1.50x 1.20x"  # no target: no count
+
+
+def test_the_journal_line_tells_retention_from_loss() -> None:
+    status = {"events": 2_500, "journaled_seq": 4_000, "head_seq": 4_000, "lost": 0}
+    assert journal_line({**status, "oldest_seq": 1_501}) == (
+        "busd's journal at the end: 2,500 events from seq 1,501 (the older ones removed by "
+        "retention: --journal-max-size), journaled_seq 4,000 of head 4,000, lost 0"
+    )
+    whole = {**status, "events": 4_000, "oldest_seq": 1}
+    assert journal_line(whole) == (
+        "busd's journal at the end: 4,000 events, journaled_seq 4,000 of head 4,000, lost 0"
+    )
+    fell_behind = journal_line({**whole, "lost": 10})
+    assert fell_behind.endswith("lost 10 (it fell behind: not every event kept)")

@@ -13,6 +13,7 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import mean
+from typing import Any
 
 LABELS = {
     "busd": "busd",
@@ -92,6 +93,23 @@ class Variant:
         if self.system == "busd":
             return f"busd (window {self.window_ms} ms)"
         return LABELS[self.system]
+
+
+def journal_line(status: dict[str, Any]) -> str:
+    """busd's journal after the runs: what it holds, its watermark, what it lost.
+
+    A long run outgrows the default retention (1 GiB): the oldest events
+    go, which is retention at work, not loss, and the line says so.
+    """
+    oldest = status.get("oldest_seq")
+    held = f"{status['events']:,} events"
+    if oldest is not None and oldest > 1:
+        held += f" from seq {oldest:,} (the older ones removed by retention: --journal-max-size)"
+    return (
+        f"busd's journal at the end: {held}, journaled_seq {status['journaled_seq']:,} of head "
+        f"{status['head_seq']:,}, lost {status['lost']:,}"
+        + ("" if not status["lost"] else " (it fell behind: not every event kept)")
+    )
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -238,12 +256,7 @@ def report(
         print(table(*server_split_table(latency_variants, latency_counts, latency)))
 
     if journal_status is not None:
-        print(
-            f"\nbusd's journal at the end: {journal_status['events']:,} events, journaled_seq "
-            f"{journal_status['journaled_seq']:,} of head {journal_status['head_seq']:,}, "
-            f"lost {journal_status['lost']:,}"
-            + ("" if not journal_status["lost"] else " (it fell behind: not every event kept)")
-        )
+        print(f"\n{journal_line(journal_status)}")
 
     if idle is not None:
         before, after = idle
