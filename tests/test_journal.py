@@ -793,20 +793,98 @@ async def test_size_retention_keeps_the_file_under_its_limit(jpath: Path) -> Non
     await h.journal.aclose()
 
 
-async def test_the_writer_prunes_when_the_file_grows_past_its_limit(jpath: Path) -> None:
+async def test_the_writer_prunes_when_the_file_grows_past_its_limit(
+    jpath: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     limit = 128 << 10
     h = Harness(jpath, retention=Retention(max_age=None, max_size=limit))
+    pruned = trio.Event()
+    prune = h.journal.prune
+
+    async def pruning(now: float | None = None) -> int:
+        removed = await prune(now)
+        if removed:
+            pruned.set()
+        return removed
+
+    monkeypatch.setattr(h.journal, "prune", pruning)
     async with trio.open_nursery() as nursery:
         await nursery.start(h.journal.run)
         for i in range(3000):
             h.publish(TextDelta(message_id="m", text=f"{i:08d}" + "x" * 200))
         await h.journal.journaled(3000)
+        await pruned.wait()  # the write that went over the limit set it off
         h.publish()
-        await h.journal.journaled(3001)  # the writer prunes before its next write
+        await h.journal.journaled(3001)
         nursery.cancel_scope.cancel()
     stats = h.journal.statistics()
     assert stats["bytes"] <= limit
     assert 0 < stats["events"] < 3001
+    await h.journal.aclose()
+
+
+async def test_writes_go_on_between_the_steps_of_a_long_prune(
+    jpath: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prune of a full journal takes a second or more (20,000 events a step, then the
+    pages back): an agent's events must not wait for all of it, or the 50 ms bound
+    that acks and the crash window rely on breaks every time the file is full."""
+    from busd.daemon import journalfile
+
+    monkeypatch.setattr(journalfile, "_PRUNE_CHUNK", 200)  # many steps from a small file
+    limit = 256 << 10
+    h = Harness(jpath, retention=Retention(max_age=None, max_size=limit))
+    for i in range(4000):
+        h.publish(TextDelta(message_id="m", text=f"{i:08d}" + "x" * 200))
+    await h.journal.flush()
+    step, vacuum_step = h.journal.file.prune_step, h.journal.file.vacuum_step
+    journaled_at: list[tuple[str, int]] = []  # the watermark as each later step starts
+
+    def watermark() -> int:
+        return int(h.journal.statistics()["journaled_seq"])
+
+    def stepping(target: int) -> tuple[int, int]:
+        if not journaled_at:
+            trio.from_thread.run_sync(h.publish)  # an agent's event arrives mid-prune
+        journaled_at.append(("prune", trio.from_thread.run_sync(watermark)))
+        return step(target)
+
+    def vacuuming() -> int:
+        trio.from_thread.run_sync(h.publish)  # and another while the pages go back
+        journaled_at.append(("vacuum", trio.from_thread.run_sync(watermark)))
+        return vacuum_step()
+
+    monkeypatch.setattr(h.journal.file, "prune_step", stepping)
+    monkeypatch.setattr(h.journal.file, "vacuum_step", vacuuming)
+    monkeypatch.setattr(journalfile, "_VACUUM_PAGES", 8)
+    assert await h.journal.prune(now=NOW) > 0
+    prunes = [seq for what, seq in journaled_at if what == "prune"]
+    vacuums = [seq for what, seq in journaled_at if what == "vacuum"]
+    assert len(prunes) > 2
+    assert len(vacuums) > 2
+    assert prunes[:2] == [4000, 4001]  # written before the next step, not after the prune
+    # Each piece of the vacuum finds the event published during the one before written.
+    assert vacuums == list(range(4001, 4001 + len(vacuums)))
+    await h.journal.aclose()
+
+
+async def test_a_prune_ends_in_a_file_that_cannot_give_pages_back(jpath: Path) -> None:
+    """A file made without ``auto_vacuum`` keeps its free pages: the vacuum's steps stop
+    when one frees none instead of trying forever."""
+    JournalFile.open(jpath).close()
+    conn = sqlite3.connect(jpath)  # as a file from before auto_vacuum would be
+    conn.execute("PRAGMA auto_vacuum = NONE")
+    conn.execute("VACUUM")
+    conn.close()
+    limit = 256 << 10
+    h = Harness(jpath, retention=Retention(max_age=None, max_size=limit))
+    for i in range(4000):
+        h.publish(TextDelta(message_id="m", text=f"{i:08d}" + "x" * 200))
+    await h.journal.flush()
+    with trio.fail_after(30):
+        assert await h.journal.prune(now=NOW) > 0
+    free = h.journal.file._conn.execute("PRAGMA freelist_count").fetchone()[0]
+    assert free > 0  # kept, for the next inserts to use
     await h.journal.aclose()
 
 

@@ -532,9 +532,14 @@ class Journal:
                     self._counters.floor = floor
                     self._counters.events -= count
                     removed += count
-                    if self.pending >= self.batch_events:
-                        await self.flush()  # a long prune does not hold the writes up
-                self._counters.bytes = await trio.to_thread.run_sync(self.file.vacuum)
+                    await self._write_between()
+                left: int | None = None
+                while True:  # until no page is left, or a file without auto_vacuum gives none
+                    was, left = left, await trio.to_thread.run_sync(self.file.vacuum_step)
+                    if left in (0, was):
+                        break
+                    await self._write_between()
+                self._counters.bytes = await trio.to_thread.run_sync(self.file.checkpoint)
             if removed:
                 logger.info(
                     "journal retention removed %d events (up to seq %d)",
@@ -544,6 +549,12 @@ class Journal:
         except sqlite3.Error as exc:
             logger.error("journal retention failed on %s: %s", self.path, exc)
         return removed
+
+    async def _write_between(self) -> None:
+        """Write what came during a step of retention: a full journal's prune takes a
+        second or more, and the events published meanwhile keep the 50 ms bound."""
+        if self.pending:
+            await self.flush()
 
     async def aclose(self) -> None:
         """Write what is left, release the reservation and close (the daemon is stopping).

@@ -82,7 +82,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_AGE: Final = 30 * 86_400.0
 DEFAULT_MAX_SIZE: Final = 1 << 30
 
-_PRUNE_CHUNK = 20_000  # events deleted per transaction
+_PRUNE_CHUNK = 5_000  # events deleted per transaction (about 10 ms)
+_VACUUM_PAGES = 512  # freed pages given back per step (about 10 ms)
 _SIZE_TARGET = 0.9  # a size prune brings the file to this fraction of the limit
 PAGE_ROWS = 2_000  # rows per read of a resume
 _WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint
@@ -448,8 +449,8 @@ class JournalFile:
         (a further round) prunes whenever the file is still over that target.
         """
         conn = self._conn
-        floor = self._meta()["floor"]
-        target = floor
+        meta = self._meta()
+        target = meta["floor"]
         if retention.max_age is not None:
             before = self._last_before(now - retention.max_age)
             if before is not None:
@@ -458,7 +459,7 @@ class JournalFile:
             size = self.size()
             aim = retention.max_size * _SIZE_TARGET
             if size > (aim if again else retention.max_size):
-                events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+                events = meta["events"]  # kept with the rows: count(*) reads a whole index
                 drop = min(events, max(1, math.ceil(events * (size - aim) / size)))
                 row = conn.execute(
                     "SELECT seq FROM events ORDER BY seq LIMIT 1 OFFSET ?", (drop - 1,)
@@ -522,11 +523,19 @@ class JournalFile:
             raise
         return upto, removed
 
-    def vacuum(self) -> int:
-        """Give the pages retention freed back to the file system; the size after."""
+    def vacuum_step(self) -> int:
+        """Give up to ``_VACUUM_PAGES`` freed pages back to the file system; the free pages left.
+
+        In steps, as the prune's deletes are: a full journal frees some 100 MiB
+        at once, which takes the thread about half a second to give back.
+        """
         # executescript steps it to the end; execute() would free a single page.
-        self._conn.executescript("PRAGMA incremental_vacuum;")
-        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # never waits on readers
+        self._conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")
+        return int(self._conn.execute("PRAGMA freelist_count").fetchone()[0])
+
+    def checkpoint(self) -> int:
+        """Copy the WAL into the file (never waiting on readers); the size after."""
+        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         return self.size()
 
     def close(self) -> None:
