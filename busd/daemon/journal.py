@@ -551,8 +551,8 @@ class Journal:
         return removed
 
     async def _write_between(self) -> None:
-        """Write what came during a step of retention: a full journal's prune takes about
-        a second, and the events published meanwhile keep the 50 ms bound."""
+        """Write what came during a step of retention: a full journal's prune takes two
+        seconds or more, and the events published meanwhile keep the 50 ms bound."""
         if self.pending:
             await self.flush()
 
