@@ -793,6 +793,25 @@ async def test_size_retention_keeps_the_file_under_its_limit(jpath: Path) -> Non
     await h.journal.aclose()
 
 
+async def test_size_retention_gets_under_its_limit_across_a_gap_in_the_seqs(
+    jpath: Path,
+) -> None:
+    """The target is the oldest seq plus the events to drop: a gap (a lost range) makes a
+    round fall short, and the next round takes the rest."""
+    limit = 256 << 10
+    h = Harness(jpath, retention=Retention(max_age=None, max_size=limit))
+    for i in range(4000):
+        if i == 100:
+            h.seq += 3000  # seqs 101..3100 never reach the journal
+        h.publish(TextDelta(message_id="m", text=f"{i:08d}" + "x" * 200))
+    await h.journal.flush()
+    removed = await h.journal.prune(now=NOW)
+    stats = h.journal.statistics()
+    assert stats["bytes"] <= limit
+    assert stats["events"] == 4000 - removed
+    assert stats["oldest_seq"] == 3000 + removed + 1  # still the oldest first, past the gap
+
+
 async def test_the_writer_prunes_when_the_file_grows_past_its_limit(
     jpath: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
