@@ -14,7 +14,10 @@ update says when it ends. What it does say:
   launched (``_meta.claudeCode.toolResponse``: ``isAsync``,
   ``status: "async_launched"``); the agent holds the prompt's response
   until the background sub-agents its turn started settle (unless the client
-  declared ``backgroundSubagents``), so the end of the turn ends them.
+  declared ``backgroundSubagents``), so the end of the turn ends them. That
+  ``toolResponse`` comes from a PostToolUse hook, which can fire after the
+  call's ``completed`` update; the result's text, Claude Code's launch
+  notice, says it too, in the update that completes the call.
 
 Pure readers, for :mod:`busd_acp.translator`.
 """
@@ -28,7 +31,13 @@ from busd import AgentStart
 
 from .usage import as_map as _map
 
-__all__ = ["TASK_TOOLS", "agent_start", "launched_in_background", "parent_of"]
+__all__ = [
+    "TASK_TOOLS",
+    "agent_start",
+    "launch_notice",
+    "launched_in_background",
+    "parent_of",
+]
 
 TASK_TOOLS: Final = frozenset({"Agent", "Task"})
 """Claude Code's tools that start a sub-agent (``Agent`` is the newer name of ``Task``)."""
@@ -53,6 +62,20 @@ def launched_in_background(update: Mapping[str, Any]) -> bool:
     if response is None:
         return False
     return response.get("isAsync") is True or response.get("status") == "async_launched"
+
+
+_LAUNCH_NOTICE: Final = "Async agent launched"
+"""How Claude Code's result for a background ``Agent`` call begins."""
+
+
+def launch_notice(output: str | None) -> bool:
+    """Whether an ``Agent`` call's result is Claude Code's notice that it went to the background.
+
+    For when the ``completed`` update beats the hook's ``toolResponse`` (a
+    race in claude-agent-acp): without it, the sub-agent would end with the
+    launch, before its own tools ran.
+    """
+    return output is not None and output.startswith(_LAUNCH_NOTICE)
 
 
 def agent_start(call_id: str, tool_input: Mapping[str, Any], parent: str | None) -> AgentStart:

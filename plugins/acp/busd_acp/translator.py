@@ -126,7 +126,7 @@ from .reading import (
     tool_output,
 )
 from .state import Part, Pending, Requests, SessionState, Tool
-from .subagents import TASK_TOOLS, agent_start, launched_in_background, parent_of
+from .subagents import TASK_TOOLS, agent_start, launch_notice, launched_in_background, parent_of
 from .usage import as_map as _map
 from .usage import turn_models, turn_usage, update_cost
 
@@ -490,7 +490,8 @@ class AcpTranslator(Translator):
         if tool.raw_name not in TASK_TOOLS:
             return
         agent: Event = AgentComplete(agent_id=tool.call_id, status=status, result=output)
-        if status == "ok" and tool.background:  # launched only: the end of the turn ends it
+        if status == "ok" and (tool.background or launch_notice(output)):
+            # Launched only: the end of the turn ends it.
             s.agents[tool.call_id] = tool.parent
             agent = AgentUpdate(agent_id=tool.call_id, status="running", message="background")
         self._say(s, tool, agent, out)
