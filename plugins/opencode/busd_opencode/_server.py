@@ -32,6 +32,7 @@ __all__ = [
     "event_session",
     "fingerprint",
     "load_points",
+    "unfinished",
 ]
 
 MAX_EVENT: Final = 16 << 20
@@ -182,6 +183,22 @@ def backlog(
         props = {"sessionID": sid, "status": dict(mapping(status))}
         out.append({"type": "session.status", "properties": props})
     return out
+
+
+def unfinished(messages: object) -> str | None:
+    """The id of the last assistant message in ``messages`` not yet ended (None: all are).
+
+    Ended as the translator reads it: a ``finish``, a completion time or an error.
+    """
+    found = None
+    for message in messages if isinstance(messages, list) else ():
+        info = mapping(mapping(message).get("info"))
+        if info.get("role") != "assistant":
+            continue
+        time = mapping(info.get("time"))
+        ended = info.get("finish") or time.get("completed") or info.get("error")
+        found = None if ended else ident(info.get("id"))
+    return found
 
 
 def fingerprint(info: Mapping[str, Any]) -> str:

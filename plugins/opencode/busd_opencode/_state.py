@@ -51,7 +51,7 @@ class Turn:
 class Part:
     """An open text or reasoning part."""
 
-    __slots__ = ("chunks", "first_now", "id", "kind", "session", "size", "turn_id")
+    __slots__ = ("chunks", "echo", "first_now", "id", "kind", "session", "size", "turn_id")
 
     def __init__(self, pid: str, kind: str, session: Session, turn_id: str) -> None:
         self.id = pid
@@ -61,6 +61,7 @@ class Part:
         self.chunks: list[str] = []
         self.size = 0
         self.first_now: float | None = None
+        self.echo = 0  # characters the coming deltas repeat (the stream behind a backlog)
 
 
 class Tool:

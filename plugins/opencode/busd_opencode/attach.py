@@ -53,6 +53,7 @@ from ._server import (
     event_session,
     fingerprint,
     load_points,
+    unfinished,
 )
 from ._wire import ident, mapping
 
@@ -316,26 +317,43 @@ class _Follower:
                 self._busy.add(sid)
             if idle and sid not in pending and self._delivered.get(sid) == fingerprint(info):
                 continue  # the daemon has it as it is; sent whole once it stirs (_wake)
-            await self._send_history(info, status, pending.get(sid, ()))
+            await self._send_history(info, pending.get(sid, ()))
         listed_ids = {info["id"] for info in infos}
         for sid in [s for s in self._delivered if s not in listed_ids]:
             del self._delivered[sid]  # deleted, or no longer among the recent: forget it
 
-    async def _send_history(
-        self,
-        info: Mapping[str, Any],
-        status: Mapping[str, Any],
-        permissions: Any = (),
-    ) -> bool:
-        """Send one session as the API has it; False if it is gone."""
+    async def _send_history(self, info: Mapping[str, Any], permissions: Any = ()) -> bool:
+        """Send one session as the API has it; False if it is gone.
+
+        The status is read after the messages: read before, it can say idle
+        for a prompt that started in between, and that idle would end the
+        answer the messages show half written (the stream's rest of it then
+        belongs to a finished turn). Idle after messages with an open answer
+        means the run ended since (the subscription holds its end: the
+        status is left to the stream) or was lost with the server (the
+        answer is still open when read again: idle ends it).
+        """
         sid: str = info["id"]
-        messages = await self._get(f"/session/{sid}/message", missing_ok=True)
+        path = f"/session/{sid}/message"
+        messages = await self._get(path, missing_ok=True)
         if messages is None:
             return False
+        status = mapping(mapping(await self._get("/session/status")).get(sid))
+        idle = status.get("type") in (None, "idle")
+        if idle and (open_answer := unfinished(messages)) is not None:
+            again = await self._get(path, missing_ok=True)
+            if again is None:
+                return False
+            if unfinished(again) != open_answer:
+                status, idle = {"type": "busy"}, False
+        if idle:
+            self._busy.discard(sid)
+        else:
+            self._busy.add(sid)
         events = backlog(info, messages, status=status, permissions=permissions)
         await self._sink.ingest(SDK, self._families.root(sid), events)
         self._known.add(sid)
-        if status.get("type") in (None, "idle"):
+        if idle:
             self._delivered[sid] = fingerprint(info)
         return True
 
@@ -348,8 +366,7 @@ class _Follower:
         info = await self._get(f"/session/{sid}", missing_ok=True)
         if info is None:
             return
-        status = mapping(mapping(await self._get("/session/status")).get(sid))
-        await self._send_history(mapping(info), status)
+        await self._send_history(mapping(info))
 
     # -- what happens: the stream -----------------------------------------------------
 

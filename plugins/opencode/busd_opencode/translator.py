@@ -416,6 +416,9 @@ class OpenCodeTranslator(Translator):
             known = "".join(p.chunks)
             if snapshot.startswith(known):  # a snapshot that ran ahead of the deltas
                 self._delta(p, snapshot[p.size :], now, out)
+        elif snapshot is not None and (known := "".join(p.chunks)).startswith(snapshot):
+            p.chunks = [known]  # one string: the replay reads it delta by delta
+            p.echo = p.size - len(snapshot)  # behind: the deltas will repeat the rest
         time = mapping(part.get("time"))
         if time.get("end") is not None:
             duration = span(time) if kind == "reasoning" else None
@@ -448,8 +451,26 @@ class OpenCodeTranslator(Translator):
             if mid:
                 self._turn(session, mid, out)
             p = self._parts[pid] = Part(pid, "text", session, mid)
+        if p.echo:
+            delta = self._echoed(p, delta)
         if delta:
             self._delta(p, delta, now, out)
+
+    @staticmethod
+    def _echoed(p: Part, delta: str) -> str:
+        """What ``delta`` adds to a part that a backlog told ahead of the stream.
+
+        The attacher's subscription started before its read of the API, so
+        the stream replays the part from where it stood then; the replay is
+        checked against what was told, and stops being skipped if it differs.
+        """
+        at = p.size - p.echo
+        told = "".join(p.chunks)[at : at + len(delta)]
+        if not delta.startswith(told):
+            p.echo = 0
+            return delta
+        p.echo -= len(told)
+        return delta[len(told) :]
 
     def _delta(self, p: Part, text: str, now: float, out: list[Emitted]) -> None:
         p.chunks.append(text)

@@ -36,6 +36,7 @@ from busd import (
     SessionIdle,
     SessionStart,
     TextComplete,
+    TextDelta,
     ThinkingComplete,
     TokenUsage,
     ToolComplete,
@@ -164,28 +165,54 @@ def test_the_stream_repeating_the_backlog_counts_nothing_twice() -> None:
     assert all(same(u.tokens, reported()) for u in of(again, Usage))
 
 
-def test_a_backlog_taken_mid_answer_is_finished_by_the_stream() -> None:
-    """Attached while the answer streams: the API has the message open, the stream ends it."""
-    messages = copy.deepcopy(API["messages"])
-    answer = messages[-1]
-    info = answer["info"]
-    for key in ("finish", "cost", "tokens"):
-        del info[key]
-    del info["time"]["completed"]
-    answer["parts"] = [p for p in answer["parts"] if p["type"] != "step-finish"]
-    text = next(p for p in answer["parts"] if p["type"] == "text")
+def mid_answer() -> list[dict[str, Any]]:
+    """The API's messages while the answer streams: the tool call done, the answer open."""
+    messages: list[dict[str, Any]] = copy.deepcopy(API["messages"])
+    info = messages[-1]["info"]
+    del info["finish"], info["time"]["completed"]
+    info["cost"] = 0  # as OpenCode announces a message: its usage comes at its end
+    info["tokens"] = {"input": 0, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}}
+    parts = [p for p in messages[-1]["parts"] if p["type"] != "step-finish"]
+    text = next(p for p in parts if p["type"] == "text")
     text["text"] = ANSWER[:11]
     del text["time"]["end"]
+    messages[-1]["parts"] = parts
+    return messages
+
+
+def test_a_backlog_taken_mid_answer_is_finished_by_the_stream() -> None:
+    """Attached while the answer streams: the API has the message open, the stream ends it."""
     t = OpenCodeAdapter().translator(session_id=SID)
-    out = feed(t, backlog(API["session"], messages, status={"type": "busy"}))
+    out = feed(t, backlog(API["session"], mid_answer(), status={"type": "busy"}))
     assert not of(out, SessionIdle)
     assert [e.finish_reason for e in of(out, TurnEnd)] == ["tool_use"]  # the answer is open
-    tail = [r for r in stream() if r["type"] != "message.part.delta"]  # deltas: see below
-    out += feed(t, tail)
+    out += feed(t, stream())  # subscribed before the read: it repeats the answer's start
     assert [c.text for c in of(out, TextComplete)] == [SAID, ANSWER]
+    pid = of(out, TextComplete)[-1].message_id
+    assert "".join(d.text for d in of(out, TextDelta) if d.message_id == pid) == ANSWER
     assert [e.finish_reason for e in of(out, TurnEnd)] == ["tool_use", "end_turn"]
     assert len(of(out, SessionIdle)) == 1
     assert same(of(out, Usage)[-1].tokens, reported())
+
+
+def test_a_stream_that_does_not_repeat_what_the_backlog_told_is_not_skipped() -> None:
+    """Only a replay of the told text is left out; a delta that differs is said whole."""
+    t = OpenCodeAdapter().translator(session_id=SID)
+    feed(t, backlog(API["session"], mid_answer(), status={"type": "busy"}))
+    part = next(p for p in mid_answer()[-1]["parts"] if p["type"] == "text")
+    announced = {
+        "type": "message.part.updated",
+        "properties": {"sessionID": SID, "part": {**part, "text": ""}},
+    }
+
+    def delta(text: str) -> dict[str, Any]:
+        said = {"partID": part["id"], "messageID": part["messageID"], "field": "text"}
+        return {"type": "message.part.delta", "properties": {**said, "delta": text}}
+
+    out = feed(t, [announced, delta(ANSWER[:4]), delta(ANSWER[4:15]), delta(" twice")])
+    assert [d.text for d in of(out, TextDelta)] == [ANSWER[11:15], " twice"]
+    out = feed(t, [announced, delta("No")])  # the same start again, then something else
+    assert [d.text for d in of(out, TextDelta)] == ["No"]
 
 
 def test_pending_permissions_and_a_busy_status_are_part_of_the_backlog() -> None:
