@@ -76,9 +76,8 @@ class Timeline:
             await trio.sleep_forever()
         phase = self.phase()
         self.reads.append(path)
-        if self.lost:
-            phase = "during"
         busy = phase == "during" and not self.lost
+        opened = phase == "during" or self.lost
         match path:
             case "/session":
                 answer: object = [API["session"]]
@@ -87,8 +86,7 @@ class Timeline:
             case "/permission":
                 answer = []
             case _ if path == f"/session/{SID}/message":
-                opened = phase == "during"
-                answer = [] if phase == "before" else mid_answer() if opened else API["messages"]
+                answer = mid_answer() if opened else [] if phase == "before" else API["messages"]
             case _:
                 raise AssertionError(f"the attacher read {path}")
         await _respond(conn, stream, 200, answer)
