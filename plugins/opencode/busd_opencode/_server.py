@@ -141,12 +141,20 @@ def _opening(info: Mapping[str, Any]) -> dict[str, Any]:
     return opened
 
 
+CUT: Final = {
+    "name": "MessageCutError",
+    "data": {"message": "the OpenCode server stopped while this answer was being written"},
+}
+"""The error a backlog gives an answer its server left open for good (it reads as ``error``)."""
+
+
 def backlog(
     info: Mapping[str, Any],
     messages: Sequence[Mapping[str, Any]],
     *,
     status: Mapping[str, Any] | None = None,
     permissions: Iterable[Mapping[str, Any]] = (),
+    cut: str | None = None,
 ) -> list[dict[str, Any]]:
     """The ``/event`` payloads that tell session ``info`` as the API shows it now.
 
@@ -156,6 +164,8 @@ def backlog(
     ``GET /permission``. An assistant message is announced before its parts
     and told whole after them, as OpenCode streams it, so a finished one is
     a finished turn and an unfinished one stays open for the live stream.
+    ``cut`` names an answer that will never finish (OpenCode restarted while
+    writing it: it stays open, the session idle): it ends with :data:`CUT`.
     """
     sid = ident(info.get("id"))
     out: list[dict[str, Any]] = [
@@ -172,8 +182,10 @@ def backlog(
                 props = {"sessionID": sid, "part": dict(part)}
                 out.append({"type": "message.part.updated", "properties": props})
         if assistant:
-            props = {"sessionID": sid, "info": dict(minfo)}
-            out.append({"type": "message.updated", "properties": props})
+            last = dict(minfo)
+            if cut is not None and last.get("id") == cut:
+                last["error"] = CUT
+            out.append({"type": "message.updated", "properties": {"sessionID": sid, "info": last}})
     for request in permissions:
         out.append({"type": "permission.asked", "properties": dict(request)})
     kind = mapping(status).get("type")

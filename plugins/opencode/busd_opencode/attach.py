@@ -163,6 +163,7 @@ class _Follower:
         self._busy: set[str] = set()  # sessions not idle, as last said
         self._known: set[str] = set()  # sessions this connection has sent whole, or seen begin
         self._delivered: dict[str, str] = {}  # session id -> fingerprint the daemon has
+        self._cut: set[str] = set()  # answers told as cut off (said once)
         self._journaled = False
         self._live = False  # the current subscription said its first event
         self._reached = False  # some subscription did
@@ -331,7 +332,7 @@ class _Follower:
         belongs to a finished turn). Idle after messages with an open answer
         means the run ended since (the subscription holds its end: the
         status is left to the stream) or was lost with the server (the
-        answer is still open when read again: idle ends it).
+        answer is still open when read again: it ends there, as an error).
         """
         sid: str = info["id"]
         path = f"/session/{sid}/message"
@@ -340,17 +341,25 @@ class _Follower:
             return False
         status = mapping(mapping(await self._get("/session/status")).get(sid))
         idle = status.get("type") in (None, "idle")
+        cut = None
         if idle and (open_answer := unfinished(messages)) is not None:
             again = await self._get(path, missing_ok=True)
             if again is None:
                 return False
             if unfinished(again) != open_answer:
                 status, idle = {"type": "busy"}, False
+            elif open_answer not in self._cut:
+                cut = open_answer
+                self._cut.add(cut)
+                self._sink.note(
+                    f"opencode: session {sid}: the server stopped while an answer was"
+                    " being written; it ends there"
+                )
         if idle:
             self._busy.discard(sid)
         else:
             self._busy.add(sid)
-        events = backlog(info, messages, status=status, permissions=permissions)
+        events = backlog(info, messages, status=status, permissions=permissions, cut=cut)
         await self._sink.ingest(SDK, self._families.root(sid), events)
         self._known.add(sid)
         if idle:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import trio
 
@@ -193,7 +193,7 @@ class StandIn:
                     total[key] = total.get(key, 0) + value
         return total
 
-    def __enter__(self) -> StandIn:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -13,10 +13,11 @@ reports and with what the stand-in served.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -262,6 +263,57 @@ async def test_the_server_restarting_is_followed_and_nothing_counts_twice(
     assert len(b.of(sid, ToolStart)) == 2
     assert_same(totals, await reported(url, sid), standin)
     assert len(b.sink.notes) == 2
+
+
+class SlowStandIn(StandIn):
+    """The stand-in whose answer after the tool (its third call) waits for :attr:`release`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answering = threading.Event()
+        self.release = threading.Event()
+
+    def respond(self, body: Mapping[str, Any]) -> bytes:
+        data = super().respond(body)
+        if len(self.served) >= 3:
+            self.answering.set()
+            self.release.wait(60)
+        return data
+
+
+@needs_opencode
+async def test_an_answer_cut_by_the_server_restarting_ends_there(tmp_path: Path) -> None:
+    """Stopped while the model answers, OpenCode lists the answer open for good, idle."""
+    with SlowStandIn() as standin:
+        server = OpenCodeServer(tmp_path / "oc", standin.url)
+        try:
+            url = await server.start()
+            sid = await new_session(url)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                body = {"parts": [{"type": "text", "text": PROMPT}]}
+                (await http.post(f"/session/{sid}/prompt_async", json=body)).raise_for_status()
+            with trio.fail_after(30):
+                await trio.to_thread.run_sync(standin.answering.wait)
+            await server.stop()
+            await server.start(port=server.port)
+            options = AttachOptions(state_dir=tmp_path / "state", url=url)
+            async with bus() as b, trio.open_nursery() as nursery:
+                nursery.start_soon(OpenCodeAttacher().attach, b.sink, options)
+                said = await b.sink.until_note("it ends there")
+                await b.until(lambda: b.of(sid, SessionIdle))
+                nursery.cancel_scope.cancel()
+        finally:
+            standin.release.set()
+            await server.stop()
+    assert said == (
+        f"opencode: session {sid}: the server stopped while an answer was being written;"
+        " it ends there"
+    )
+    assert [e.finish_reason for e in b.of(sid, TurnEnd)] == ["tool_use", "error"]
+    assert [t.text for t in b.of(sid, TextComplete)] == [SAID]
+    (done,) = b.of(sid, ToolComplete)
+    assert (done.status, done.output) == ("ok", "hello\n")
+    assert isinstance(b.seen[-1].event, SessionIdle)
 
 
 @needs_opencode
