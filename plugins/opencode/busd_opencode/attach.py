@@ -348,13 +348,14 @@ class _Follower:
                 return False
             if unfinished(again) != open_answer:
                 status, idle = {"type": "busy"}, False
-            elif open_answer not in self._cut:
+            else:  # told every time (a translator ends it once), noted once
                 cut = open_answer
-                self._cut.add(cut)
-                self._sink.note(
-                    f"opencode: session {sid}: the server stopped while an answer was"
-                    " being written; it ends there"
-                )
+                if cut not in self._cut:
+                    self._cut.add(cut)
+                    self._sink.note(
+                        f"opencode: session {sid}: the server stopped while an answer was"
+                        " being written; it ends there"
+                    )
         if idle:
             self._busy.discard(sid)
         else:

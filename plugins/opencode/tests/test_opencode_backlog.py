@@ -283,3 +283,18 @@ def test_a_fingerprint_changes_with_the_session_and_points_survive_junk() -> Non
     assert load_points(dump_points(points)) == points
     for junk in ("", "[]", '{"sessions": 3}', "{", '{"sessions": {"a": 1}}'):
         assert load_points(junk) == {}
+
+
+def test_an_answer_told_as_cut_ends_once_however_often_it_is_told() -> None:
+    """Each catch-up after a restart tells the cut answer again: one end, as an error."""
+    messages = mid_answer()
+    cut = messages[-1]["info"]["id"]
+    t = OpenCodeAdapter().translator(session_id=SID)
+    out = feed(t, backlog(API["session"], messages, cut=cut))
+    out += feed(t, backlog(API["session"], messages, cut=cut))
+    assert [e.finish_reason for e in of(out, TurnEnd)] == ["tool_use", "error"]
+    assert [(c.text, c.stopped) for c in of(out, TextComplete)] == [
+        (SAID, False),
+        (ANSWER[:11], True),
+    ]
+    assert len(of(out, SessionIdle)) == 1
