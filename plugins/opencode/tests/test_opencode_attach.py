@@ -24,7 +24,16 @@ import pytest
 import trio
 from busd_opencode import OpenCodeAttacher
 from busd_opencode.attach import OpenCodeAttachError, server_url
-from opencode_standin import ANSWER, MODEL, OPENCODE, SAID, THOUGHT, OpenCodeServer, StandIn
+from opencode_standin import (
+    ANSWER,
+    MODEL,
+    OPENCODE,
+    SAID,
+    THOUGHT,
+    OpenCodeServer,
+    StandIn,
+)
+from opencode_standin import answer as kind_of_call
 
 import busd
 from busd import (
@@ -266,7 +275,7 @@ async def test_the_server_restarting_is_followed_and_nothing_counts_twice(
 
 
 class SlowStandIn(StandIn):
-    """The stand-in whose answer after the tool (its third call) waits for :attr:`release`."""
+    """The stand-in whose answer after the tool waits for :attr:`release`."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -275,7 +284,7 @@ class SlowStandIn(StandIn):
 
     def respond(self, body: Mapping[str, Any]) -> bytes:
         data = super().respond(body)
-        if len(self.served) >= 3:
+        if kind_of_call(body)[0] == "answer":
             self.answering.set()
             self.release.wait(60)
         return data
