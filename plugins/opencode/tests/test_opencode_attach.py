@@ -33,7 +33,7 @@ from opencode_standin import (
     OpenCodeServer,
     StandIn,
 )
-from opencode_standin import answer as kind_of_call
+from opencode_standin import answer as kind_of_call  # ``answer`` names a reply below
 
 import busd
 from busd import (
@@ -301,8 +301,7 @@ async def test_an_answer_cut_by_the_server_restarting_ends_there(tmp_path: Path)
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
                 body = {"parts": [{"type": "text", "text": PROMPT}]}
                 (await http.post(f"/session/{sid}/prompt_async", json=body)).raise_for_status()
-            with trio.fail_after(30):
-                await trio.to_thread.run_sync(standin.answering.wait)
+            assert await trio.to_thread.run_sync(standin.answering.wait, 30)  # a thread's event
             await server.stop()
             await server.start(port=server.port)
             options = AttachOptions(state_dir=tmp_path / "state", url=url)
