@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from ._wire import field, ident, mapping, session_of
+from ._wire import ended, field, ident, mapping, session_of
 
 __all__ = [
     "Families",
@@ -200,16 +200,14 @@ def backlog(
 def unfinished(messages: object) -> str | None:
     """The id of the last assistant message in ``messages`` not yet ended (None: all are).
 
-    Ended as the translator reads it: a ``finish``, a completion time or an error.
+    Ended as the translator reads it: :func:`~._wire.ended`, or an error.
     """
     found = None
     for message in messages if isinstance(messages, list) else ():
         info = mapping(mapping(message).get("info"))
-        if info.get("role") != "assistant":
-            continue
-        time = mapping(info.get("time"))
-        ended = info.get("finish") or time.get("completed") or info.get("error")
-        found = None if ended else ident(info.get("id"))
+        if info.get("role") == "assistant":
+            over = ended(info) or mapping(info.get("error"))
+            found = None if over else ident(info.get("id"))
     return found
 
 

@@ -161,6 +161,13 @@ def ident(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def ended(info: Mapping[str, Any]) -> bool:
+    """An assistant message OpenCode has ended: it has a ``finish`` or a completion time."""
+    time = info.get("time")
+    completed = time.get("completed") if isinstance(time, Mapping) else None
+    return ident(info.get("finish")) is not None or completed is not None
+
+
 def field(obj: Mapping[str, Any], wire: str, python: str) -> Any:
     """``obj[wire]``, else the SDK model's Python name for it (``sessionID`` → ``session_id``)."""
     value = obj.get(wire)

@@ -80,6 +80,7 @@ from ._wire import (
     REPLIES,
     RUN_KINDS,
     Recent,
+    ended,
     field,
     finish_reason,
     from_run,
@@ -340,7 +341,7 @@ class OpenCodeTranslator(Translator):
         turn = self._turn(session, mid, out)
         error = mapping(info.get("error"))
         finish = ident(info.get("finish"))
-        done = finish is not None or mapping(info.get("time")).get("completed") is not None
+        done = ended(info)
         if turn is not None and done and not error and not turn.stepped:
             # Said before its parts (OpenCode serializes the message late, when it sends
             # the event): the turn ends, with this usage, at its step-finish or the idle.
@@ -416,7 +417,11 @@ class OpenCodeTranslator(Translator):
             known = "".join(p.chunks)
             if snapshot.startswith(known):  # a snapshot that ran ahead of the deltas
                 self._delta(p, snapshot[p.size :], now, out)
-        elif snapshot is not None and (known := "".join(p.chunks)).startswith(snapshot):
+        elif (
+            snapshot is not None
+            and len(snapshot) < p.size
+            and (known := "".join(p.chunks)).startswith(snapshot)
+        ):
             p.chunks = [known]  # one string: the replay reads it delta by delta
             p.echo = p.size - len(snapshot)  # behind: the deltas will repeat the rest
         time = mapping(part.get("time"))
