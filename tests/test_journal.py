@@ -67,7 +67,7 @@ from busd.daemon.journalfile import (
     parse_duration,
     parse_size,
 )
-from busd.daemon.journalrows import _chunks
+from busd.daemon.journalstore import _chunks
 from busd.frontends.transcript import (
     ReasoningPart,
     TextPart,
@@ -1164,7 +1164,7 @@ def test_a_daemon_on_a_journal_it_cannot_read_fails_clearly(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("count", [0, 1, 7, 255, 256, 257, 1000, 4096])
-def test_rows_go_in_few_distinct_statement_sizes(count: int) -> None:
+def test_ids_go_in_few_distinct_statement_sizes(count: int) -> None:
     sizes = list(_chunks(count))
     assert sum(sizes) == count
     assert set(sizes) <= {256, 128, 64, 32, 16, 8, 4, 2, 1}
@@ -1252,7 +1252,7 @@ def test_docs_journal_md_shows_the_schema_as_it_is(jpath: Path) -> None:
             "SELECT name FROM sqlite_master WHERE type='index' AND sql IS NOT NULL"
         ).fetchall()
         meta = [r[0] for r in conn.execute("SELECT key FROM meta")]
-        assert sorted(tables) == ["events", "lost", "meta", "sessions", "spans"]
+        assert sorted(tables) == ["batches", "ids", "lost", "meta", "sessions", "spans"]
         for table in tables:
             assert f"CREATE TABLE {table} (" in schema, table
             for column in conn.execute(f"PRAGMA table_info({table})"):

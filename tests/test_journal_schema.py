@@ -1,9 +1,9 @@
-"""The journal's schema 2 (an event's row is seq, id, envelope) and schema 1 files.
+"""The journal's schema 3 (a row per write, the ids beside it), and schema 1 and 2 files.
 
-A schema 1 journal written by the last busd that wrote them
-(tests/fixtures/journal/v1.sqlite3) is read as it is, rebuilt by a writer
-without losing a row, and served by a real ``busd serve``; readers get
-what the old columns held from the envelope's head.
+Journals written by the last busd of schemas 1 and 2
+(tests/fixtures/journal/v1.sqlite3 and v2.sqlite3) are read as they are,
+rebuilt by a writer without losing an event, and served by a real ``busd
+serve``; readers get what schema 1's columns held from the envelope's head.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from busd.core.events import (
 )
 from busd.core.ids import new_event_id
 from busd.core.sessions import SessionRegistry
-from busd.daemon import journalfile, journalrows
+from busd.daemon import journalfile, journalstore
 from busd.daemon.journalfile import (
     SCHEMA_VERSION,
     JournalError,
@@ -51,7 +51,8 @@ from busd.wire import encode_envelope
 
 from .daemon_helpers import BUSD, read_line, serving
 
-V1 = Path(__file__).parent / "fixtures" / "journal" / "v1.sqlite3"
+FIXTURES = Path(__file__).parent / "fixtures" / "journal"
+V1 = FIXTURES / "v1.sqlite3"
 V1_SESSIONS = {
     "febcaa44-9f0f-4ae7-ad70-748009748653": (1, 28),
     "4db6a695-04ee-466f-b26b-74dae52ad74c": (29, 56),
@@ -70,6 +71,14 @@ def v1(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture(params=[1, 2], ids=["schema1", "schema2"])
+def old(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, int]:
+    """A copy of the schema 1 or the schema 2 fixture, and its version."""
+    path = tmp_path / "journal.sqlite3"
+    shutil.copyfile(FIXTURES / f"v{request.param}.sqlite3", path)
+    return path, request.param
+
+
 def query(path: Path, sql: str) -> list[Any]:
     conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
     try:
@@ -78,27 +87,50 @@ def query(path: Path, sql: str) -> list[Any]:
         conn.close()
 
 
+def stored(path: Path) -> list[tuple[int, str, bytes]]:
+    """Every stored event as (seq, id, envelope bytes), whatever the file's schema."""
+    if query(path, "PRAGMA user_version") < [(3,)]:
+        return query(path, "SELECT seq, id, envelope FROM events ORDER BY seq")
+    out: list[tuple[int, str, bytes]] = []
+    for first, last, blob in query(path, "SELECT * FROM batches ORDER BY first_seq"):
+        for raw in msgspec.msgpack.decode(blob, type=list[msgspec.Raw]):
+            envelope = msgspec.msgpack.decode(raw)
+            assert first <= envelope["seq"] <= last
+            out.append((envelope["seq"], envelope["id"], bytes(raw)))
+    assert out == sorted(out)
+    return out
+
+
 def whole(path: Path) -> journalfile.Page:
     with JournalReader(path) as reader:
         return reader.page(0, 1 << 62, limit=1 << 30)
 
 
-def test_the_fixture_is_a_schema_1_journal(v1: Path) -> None:
-    assert query(v1, "PRAGMA user_version") == [(1,)]
-    assert [r[0] for r in query(v1, "SELECT seq FROM events ORDER BY seq")] == V1_SEQS
-    assert ("events_by_session",) in query(v1, "SELECT name FROM sqlite_master")
+def test_the_fixtures_are_schema_1_and_2_journals(old: tuple[Path, int]) -> None:
+    path, version = old
+    assert query(path, "PRAGMA user_version") == [(version,)]
+    assert [r[0] for r in query(path, "SELECT seq FROM events ORDER BY seq")] == V1_SEQS
+    names = {name for (name,) in query(path, "SELECT name FROM sqlite_master")}
+    assert ("events_by_session" in names) == (version == 1)
+    assert ("spans" in names) == (version == 2)
 
 
-def test_a_reader_reads_a_schema_1_journal_as_it_is(v1: Path) -> None:
-    before = hashlib.sha256(v1.read_bytes()).hexdigest()
-    columns = query(
-        v1, "SELECT seq, type, session_id, run_id, stale, envelope FROM events ORDER BY seq"
-    )
-    page = whole(v1)
-    # what schema 1 stored in columns, a reader now gets from the envelope's head
-    assert [(*row[:4], int(row[4]), row[5]) for row in page.rows] == columns
+def test_a_reader_reads_an_old_journal_as_it_is(old: tuple[Path, int]) -> None:
+    path, version = old
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    page = whole(path)
+    heads = [(seq, msgspec.msgpack.decode(blob), blob) for seq, _, blob in stored(path)]
+    assert [(*row[:5], row[5]) for row in page.rows] == [
+        (seq, e["event"]["type"], e.get("session_id"), e.get("run_id"), e.get("stale", False), b)
+        for seq, e, b in heads
+    ]
+    if version == 1:  # what schema 1 stored in columns, a reader gets from the envelope's head
+        columns = query(
+            path, "SELECT seq, type, session_id, run_id, stale, envelope FROM events ORDER BY seq"
+        )
+        assert [(*row[:4], int(row[4]), row[5]) for row in page.rows] == columns
     assert page.lost == [(114, 100113)]
-    with JournalReader(v1) as reader:
+    with JournalReader(path) as reader:
         assert {s.session_id: (s.first_seq, s.last_seq) for s in reader.sessions()} == V1_SESSIONS
         for session_id, (first, last) in V1_SESSIONS.items():
             blobs = list(reader.session_events(session_id))
@@ -107,33 +139,35 @@ def test_a_reader_reads_a_schema_1_journal_as_it_is(v1: Path) -> None:
             ]
         only = reader.page(0, 1 << 62, sessions=["sess_abc123def456"]).rows
     assert [row[0] for row in only] == list(range(81, 114))
-    assert hashlib.sha256(v1.read_bytes()).hexdigest() == before
-    assert query(v1, "PRAGMA user_version") == [(1,)]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    assert query(path, "PRAGMA user_version") == [(version,)]
 
 
-def test_the_writer_rebuilds_a_schema_1_journal_keeping_every_row(
-    v1: Path, caplog: pytest.LogCaptureFixture
+def test_the_writer_rebuilds_an_old_journal_keeping_every_event(
+    old: tuple[Path, int], caplog: pytest.LogCaptureFixture
 ) -> None:
-    tables = ("SELECT seq, id, envelope FROM events ORDER BY seq", "SELECT * FROM lost")
-    kept = ("SELECT * FROM sessions ORDER BY session_id", "SELECT * FROM meta ORDER BY key")
-    before = [query(v1, sql) for sql in (*tables, *kept)]
+    path, version = old
+    kept = (
+        "SELECT * FROM lost",
+        "SELECT * FROM sessions ORDER BY session_id",
+        "SELECT * FROM meta ORDER BY key",
+    )
+    before = [stored(path), *(query(path, sql) for sql in kept)]
     with caplog.at_level(logging.INFO, logger="busd.daemon.journalfile"):
-        JournalFile.open(v1).close()
-    assert f"journal {v1}: rebuilding schema 1 as schema 2 (124 events)" in caplog.text
-    assert f"journal {v1}: rebuilt as schema 2 (124 events" in caplog.text
-    assert query(v1, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(2,)]
-    assert [r[1] for r in query(v1, "PRAGMA table_info(events)")] == ["seq", "id", "envelope"]
-    assert query(v1, "SELECT name FROM sqlite_master WHERE tbl_name = 'events'") == [
-        ("events",),
-        ("sqlite_autoindex_events_1",),  # the id's uniqueness, nothing else
-    ]
-    assert [query(v1, sql) for sql in (*tables, *kept)] == before
-    assert {s: (a, b) for s, a, b in query(v1, "SELECT * FROM spans")} == V1_SESSIONS
-    assert query(v1, "PRAGMA journal_mode") == [("wal",)]
-    assert query(v1, "PRAGMA integrity_check") == [("ok",)]
+        JournalFile.open(path).close()
+    assert f"journal {path}: rebuilding schema {version} as schema 3 (124 events)" in caplog.text
+    assert f"journal {path}: rebuilt as schema 3 (124 events" in caplog.text
+    assert query(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(3,)]
+    assert [stored(path), *(query(path, sql) for sql in kept)] == before
+    assert sorted(query(path, "SELECT seq, id FROM ids")) == [(s, i) for s, i, _ in before[0]]
+    tables = {name for (name,) in query(path, "SELECT name FROM sqlite_master WHERE type='table'")}
+    assert tables == {"batches", "ids", "lost", "sessions", "spans", "meta"}
+    assert {s: (a, b) for s, a, b in query(path, "SELECT * FROM spans")} == V1_SESSIONS
+    assert query(path, "PRAGMA journal_mode") == [("wal",)]
+    assert query(path, "PRAGMA integrity_check") == [("ok",)]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="busd.daemon.journalfile"):
-        again = JournalFile.open(v1)  # the second open finds nothing to do
+        again = JournalFile.open(path)  # the second open finds nothing to do
     try:
         assert again.statistics()["events"] == 124
     finally:
@@ -141,64 +175,80 @@ def test_the_writer_rebuilds_a_schema_1_journal_keeping_every_row(
     assert "rebuilt" not in caplog.text
 
 
-def test_a_rebuild_while_a_reader_has_the_file_open(v1: Path) -> None:
+def test_a_rebuild_while_a_reader_has_the_file_open(old: tuple[Path, int]) -> None:
     """The reader keeps WAL mode on (the rebuild goes through the WAL) and reads on after it."""
-    with JournalReader(v1) as reader:
+    path, _ = old
+    with JournalReader(path) as reader:
         before = reader.page(0, 1 << 62).rows
-        JournalFile.open(v1).close()
-        assert query(v1, "PRAGMA user_version") == [(2,)]
+        JournalFile.open(path).close()
+        assert query(path, "PRAGMA user_version") == [(3,)]
         assert reader.page(0, 1 << 62).rows == before
         assert [s.session_id for s in reader.sessions()] == list(reversed(V1_SESSIONS))
 
 
 def test_a_rebuild_that_fails_leaves_the_file_as_it_was(
-    v1: Path, monkeypatch: pytest.MonkeyPatch
+    old: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before = hashlib.sha256(v1.read_bytes()).hexdigest()
-    failing = journalrows.MIGRATE_1_TO_2.replace("COMMIT;", "INSERT INTO nowhere VALUES (1);")
-    monkeypatch.setattr(journalfile, "MIGRATE_1_TO_2", failing)
-    with pytest.raises(JournalError, match=r"cannot rebuild the journal .* \(schema 1\)"):
-        JournalFile.open(v1)
-    assert query(v1, "PRAGMA user_version") == [(1,)]
-    assert query(v1, "SELECT count(*) FROM events") == [(124,)]
-    assert ("events_2",) not in query(v1, "SELECT name FROM sqlite_master")
+    path, version = old
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def failing(conn: sqlite3.Connection, version: int) -> int:
+        journalstore.rebuild(conn, version)  # all of it, then the disk fails
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(journalfile, "rebuild", failing)
+    with pytest.raises(JournalError, match=rf"cannot rebuild the journal .* \(schema {version}\)"):
+        JournalFile.open(path)
+    assert query(path, "PRAGMA user_version") == [(version,)]
+    assert query(path, "SELECT count(*) FROM events") == [(124,)]
+    assert ("batches",) not in query(path, "SELECT name FROM sqlite_master")
     monkeypatch.undo()
-    JournalFile.open(v1).close()  # the lock was let go; the real rebuild works
-    assert query(v1, "PRAGMA user_version") == [(2,)]
-    assert before != hashlib.sha256(v1.read_bytes()).hexdigest()
+    JournalFile.open(path).close()  # the lock was let go; the real rebuild works
+    assert query(path, "PRAGMA user_version") == [(3,)]
+    assert before != hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_sessions_and_export_say_the_same_before_and_after_the_rebuild(v1: Path) -> None:
+def test_sessions_and_export_say_the_same_before_and_after_the_rebuild(
+    old: tuple[Path, int],
+) -> None:
+    path, _ = old
     runner = CliRunner()
 
     def outputs() -> list[bytes]:
-        said = [runner.invoke(main, ["sessions", "--journal", str(v1), "--json"])]
+        said = [runner.invoke(main, ["sessions", "--journal", str(path), "--json"])]
         for session_id in V1_SESSIONS:
-            said.append(runner.invoke(main, ["export", "--journal", str(v1), session_id]))
+            said.append(runner.invoke(main, ["export", "--journal", str(path), session_id]))
         assert all(r.exit_code == 0 for r in said), [r.output for r in said]
         return [r.stdout_bytes for r in said]
 
     before = outputs()
     assert all(b'"role":"assistant"' in b for b in before[1:])
-    JournalFile.open(v1).close()
-    assert query(v1, "PRAGMA user_version") == [(2,)]
+    JournalFile.open(path).close()
+    assert query(path, "PRAGMA user_version") == [(3,)]
     assert outputs() == before
 
 
-def test_recover_makes_schema_2_from_a_schema_1_journal(v1: Path) -> None:
-    rows = query(v1, "SELECT seq, id, envelope FROM events ORDER BY seq")
-    result = recover(v1)
+def test_recover_makes_schema_3_from_an_old_journal(old: tuple[Path, int]) -> None:
+    path, _ = old
+    events = stored(path)
+    result = recover(path)
     assert (result.events, result.sessions, result.damaged) == (124, 5, [])
-    assert query(v1, "PRAGMA user_version") == [(2,)]
-    assert query(v1, "SELECT seq, id, envelope FROM events ORDER BY seq") == rows
-    assert {s: (a, b) for s, a, b in query(v1, "SELECT * FROM spans")} == V1_SESSIONS
-    assert whole(v1).lost == [(114, 100113)]
+    assert query(path, "PRAGMA user_version") == [(3,)]
+    assert stored(path) == events
+    assert {s: (a, b) for s, a, b in query(path, "SELECT * FROM spans")} == V1_SESSIONS
+    assert whole(path).lost == [(114, 100113)]
+    again = recover(path)  # and from schema 3: the same
+    assert (again.events, again.sessions, again.damaged) == (124, 5, [])
+    assert stored(path) == events
 
 
-async def test_busd_serve_on_a_schema_1_journal_resumes_from_it(v1: Path, tmp_path: Path) -> None:
+async def test_busd_serve_on_an_old_journal_resumes_from_it(
+    old: tuple[Path, int], tmp_path: Path
+) -> None:
+    path, _ = old
     sock = tmp_path / "run" / "bus.sock"
-    ids = dict(query(v1, "SELECT seq, id FROM events"))
-    async with serving(sock, "--journal", str(v1)):
+    ids = dict(query(path, "SELECT seq, id FROM events"))
+    async with serving(sock, "--journal", str(path)):
         async with connect(sock, client="t", role="agent") as client:
             seen: list[tuple[int, str]] = []
             gaps: list[tuple[int, int]] = []
@@ -225,24 +275,80 @@ async def test_busd_serve_on_a_schema_1_journal_resumes_from_it(v1: Path, tmp_pa
     assert next(seq for seq, _ in seen if seq > 100124) == 100125  # none given twice
     assert gaps == [(114, 100113)]
     assert [seq for seq in mine if seq <= 100124] == list(range(81, 114))
-    assert query(v1, "PRAGMA user_version") == [(2,)]
+    assert query(path, "PRAGMA user_version") == [(3,)]
+
+
+def _batch_row(path: Path, change: Any) -> None:
+    """Rewrite the first batch row's envelopes with ``change(list of raws)``."""
+    conn = sqlite3.connect(path)
+    with conn:
+        first, blob = conn.execute("SELECT first_seq, envelopes FROM batches").fetchone()
+        raws = msgspec.msgpack.decode(blob, type=list[msgspec.Raw])
+        blob = change(raws)
+        conn.execute("UPDATE batches SET envelopes = ? WHERE first_seq = ?", (blob, first))
+    conn.close()
 
 
 def test_an_envelope_that_does_not_decode_is_a_gap_not_a_frame(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite3"
     delta = TextDelta(message_id="m", text="x")
-    envelopes = [_envelope(seq, "s1", None, False, delta) for seq in (1, 2, 3)]
+    envelopes = [_envelope(seq, "s1", None, False, delta) for seq in (1, 2, 3, 4)]
     write(path, envelopes)
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute("UPDATE events SET envelope = x'c1' WHERE seq = 2")  # 0xc1: never msgpack
-    conn.close()
+    seven = msgspec.Raw(msgspec.msgpack.encode(7))  # msgpack, but not an envelope
+    _batch_row(path, lambda raws: msgspec.msgpack.encode([raws[0], seven, *raws[2:]]))
     page = whole(path)
-    assert [row[0] for row in page.rows] == [1, 3]
-    assert page.lost == [(2, 2)]
+    assert [row[0] for row in page.rows] == [1, 3, 4]
+    assert page.lost == [(2, 2)]  # between its neighbours
     assert Missing(2, 2) in page_items(0, page, lambda *_: True)
     with JournalReader(path) as reader:
-        assert len(list(reader.session_events("s1"))) == 2
+        assert len(list(reader.session_events("s1"))) == 3
+    _batch_row(path, lambda raws: b"\xc1")  # 0xc1: never msgpack; the row cannot be read
+    page = whole(path)
+    assert (page.rows, page.lost) == ([], [(1, 4)])
+    with JournalReader(path) as reader:
+        assert list(reader.session_events("s1")) == []
+
+
+def test_an_old_envelope_that_does_not_decode_is_recorded_lost_by_the_rebuild(
+    old: tuple[Path, int],
+) -> None:
+    """In a batch it would take its neighbours with it: the rebuild leaves it out, as a gap."""
+    path, _ = old
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE events SET envelope = x'c1' WHERE seq = 2")
+    conn.close()
+    assert whole(path).lost == [(2, 2), (114, 100113)]  # read as it is: a gap already
+    JournalFile.open(path).close()
+    page = whole(path)
+    assert [row[0] for row in page.rows] == [s for s in V1_SEQS if s != 2]
+    assert page.lost == [(2, 2), (114, 100113)]
+    assert (2, 2, "damaged") in query(path, "SELECT * FROM lost")
+    with JournalReader(path) as reader:
+        assert reader.meta()["events"] == 123
+
+
+def test_a_write_is_rows_of_at_most_256_events_and_copies_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    delta = TextDelta(message_id="m", text="x")
+    first = [_envelope(seq, "s1", None, False, delta) for seq in range(1, 101)]
+    write(path, first)
+    copies = [msgspec.structs.replace(e, seq=1000 + e.seq) for e in first[::10]]  # 10 copies
+    second = [_envelope(seq, "s1", None, False, delta) for seq in range(101, 701)]
+    mixed = [*second, *copies, msgspec.structs.replace(second[5], seq=2000)]  # one twice
+    raws = [encode_envelope(e) for e in mixed]
+    file = JournalFile.open(path)
+    try:
+        written = file.write(mixed, raws, [], [], head=2000, reserved=2000)
+    finally:
+        file.close()
+    assert written.inserted == 600
+    rows = query(path, "SELECT first_seq, last_seq FROM batches ORDER BY first_seq")
+    assert rows == [(1, 100), (101, 356), (357, 612), (613, 700)]
+    assert [seq for seq, _, _ in stored(path)] == list(range(1, 701))
+    assert query(path, "SELECT count(*) FROM ids") == [(700,)]
+    owner = query(path, f"SELECT seq FROM ids WHERE id = '{second[5].id}'")
+    assert owner == [(106,)]  # the first to come keeps it
 
 
 def write(path: Path, envelopes: list[Envelope[Event]], cuts: Iterable[int] = ()) -> None:
@@ -378,27 +484,33 @@ def test_retention_takes_a_sessions_span_with_its_last_event(tmp_path: Path) -> 
     assert seqs == [*range(16, 21), 31]
 
 
-def _grown(path: Path, events: int) -> list[Any]:
-    """The schema 1 fixture and ``events`` more in schema 1's columns: a longer rebuild."""
+def _grown(path: Path, version: int, events: int) -> list[Any]:
+    """An old fixture and ``events`` more in its columns: a longer rebuild."""
     delta = TextDelta(message_id="m", text="a rebuild takes a while " * 4)
     tag = "stream.text.delta"
     more = [_envelope(200_000 + i, f"s{i % 7}", "r", False, delta) for i in range(1, events + 1)]
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN")
-        conn.executemany(
-            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(e.seq, e.id, e.ts, e.session_id, "r", tag, 0, encode_envelope(e)) for e in more],
-        )
+        if version == 1:
+            conn.executemany(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(e.seq, e.id, e.ts, e.session_id, "r", tag, 0, encode_envelope(e)) for e in more],
+            )
+        else:
+            conn.executemany(
+                "INSERT INTO events VALUES (?, ?, ?)",
+                [(e.seq, e.id, encode_envelope(e)) for e in more],
+            )
         conn.execute("UPDATE meta SET value = value + ? WHERE key = 'events'", (events,))
         conn.execute("UPDATE meta SET value = ? WHERE key IN ('head', 'reserved')", (more[-1].seq,))
         conn.execute("COMMIT")
     finally:
         conn.close()
-    return query(path, "SELECT seq, id, envelope FROM events ORDER BY seq")
+    return stored(path)
 
 
-async def _killed_mid_rebuild(v1: Path, sock: Path) -> None:
+async def _killed_mid_rebuild(v1: Path, version: int, sock: Path) -> None:
     """``busd serve`` on ``v1``, killed with SIGKILL once its rebuild has written to the file."""
     process = await trio.lowlevel.open_process(
         [*BUSD, "serve", "--socket", str(sock), "--journal", str(v1)],
@@ -409,7 +521,7 @@ async def _killed_mid_rebuild(v1: Path, sock: Path) -> None:
     try:
         assert process.stderr is not None
         with trio.fail_after(20):
-            while "rebuilding schema 1" not in (line := await read_line(process.stderr)):
+            while f"rebuilding schema {version}" not in (line := await read_line(process.stderr)):
                 assert line, "busd serve ended before it rebuilt the journal"
             while True:  # a condition of another process: polled, with a deadline
                 if v1.stat().st_size > size:
@@ -427,13 +539,15 @@ async def _killed_mid_rebuild(v1: Path, sock: Path) -> None:
     assert hot == bytes.fromhex("d9d505f920a163d7")  # SQLite's rollback journal, hot: its magic
 
 
-async def test_busd_serve_killed_while_it_rebuilds_a_journal_leaves_schema_1_whole(
-    v1: Path, tmp_path: Path
+async def test_busd_serve_killed_while_it_rebuilds_a_journal_leaves_it_whole(
+    old: tuple[Path, int], tmp_path: Path
 ) -> None:
-    """``kill -9`` mid-rebuild: the next ``busd serve`` finds schema 1 as it was and rebuilds it."""
-    rows = _grown(v1, 100_000)
+    """``kill -9`` mid-rebuild: the next ``busd serve`` finds the old file as it was and
+    rebuilds it."""
+    v1, version = old
+    rows = _grown(v1, version, 100_000)
     sock = tmp_path / "run" / "bus.sock"
-    await _killed_mid_rebuild(v1, sock)
+    await _killed_mid_rebuild(v1, version, sock)
     with pytest.raises(JournalError, match="left mid-change by a busd that was killed"):
         JournalReader(v1)  # read-only: it cannot roll the change back
     said = await trio.run_process(
@@ -444,8 +558,8 @@ async def test_busd_serve_killed_while_it_rebuilds_a_journal_leaves_schema_1_who
     assert b"Traceback" not in said.stderr
     async with serving(sock, "--journal", str(v1)):
         pass
-    assert query(v1, "PRAGMA user_version") == [(2,)]
-    assert query(v1, "SELECT seq, id, envelope FROM events ORDER BY seq") == rows
+    assert query(v1, "PRAGMA user_version") == [(3,)]
+    assert stored(v1) == rows
     assert query(v1, "PRAGMA integrity_check") == [("ok",)]
 
 
@@ -453,11 +567,11 @@ async def test_recover_after_a_killed_rebuild_takes_the_rollback_journal_along(
     v1: Path, tmp_path: Path
 ) -> None:
     """The file set aside keeps its hot ``-journal``: SQLite rolls it back when recover reads."""
-    rows = _grown(v1, 100_000)
-    await _killed_mid_rebuild(v1, tmp_path / "run" / "bus.sock")
+    rows = _grown(v1, 1, 100_000)
+    await _killed_mid_rebuild(v1, 1, tmp_path / "run" / "bus.sock")
     result = recover(v1)
     assert not Path(f"{v1}-journal").exists()
     assert not Path(f"{result.aside}-journal").exists()  # rolled back, then gone
     assert (result.events, result.damaged) == (len(rows), [])
-    assert query(v1, "SELECT seq, id, envelope FROM events ORDER BY seq") == rows
-    assert query(v1, "PRAGMA user_version") == [(2,)]
+    assert stored(v1) == rows
+    assert query(v1, "PRAGMA user_version") == [(3,)]

@@ -238,8 +238,8 @@ async def test_a_stage_that_fails_leaves_its_events_to_the_write(tmp_path: Path)
 
     file._conn.create_function("fail_once", 0, fail_once)
     file._conn.execute(
-        "CREATE TEMP TRIGGER flaky BEFORE INSERT ON main.events WHEN NEW.seq > 1 AND fail_once() "
-        "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+        "CREATE TEMP TRIGGER flaky BEFORE INSERT ON main.batches "
+        "WHEN NEW.first_seq > 1 AND fail_once() BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
     )
     journal = staging_each_event(file, interval=60.0, batch_events=40)
     warned = Warned()

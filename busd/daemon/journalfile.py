@@ -5,16 +5,17 @@ batches writes). One daemon writes a journal, holding ``PATH.lock``; any
 number of readers (``busd sessions``, ``busd export``, resuming clients)
 read it at the same time, daemon or not: WAL mode lets them.
 
-What is stored (docs/journal.md has the full schema): ``events``, one row
-per accepted event keyed by ``seq``, with its id and its msgpack envelope
-(readers decode the envelope's head for its time, session, run and type;
-schema 1 files, which had those as columns too, are rebuilt as schema 2
-by the writer that opens them); ``lost``, seq ranges the daemon accepted
-but could not journal; ``sessions``, each session's summary as last
-written, with its final usage, stats and context; ``meta``, the head seq,
-the seq reservation, the retention floor and the event count. ``PRAGMA
-user_version`` is the schema version and ``PRAGMA application_id`` says
-the file is busd's.
+What is stored (docs/journal.md has the full schema): ``batches``, one row
+per write holding its events' msgpack envelopes, and ``ids``, every stored
+event's id and seq (:mod:`.journalstore`; readers decode each envelope's
+head for its time, session, run and type; schema 1 and 2 files, which had
+a row per event, are rebuilt as schema 3 by the writer that opens them);
+``lost``, seq ranges the daemon accepted but could not journal;
+``sessions``, each session's summary as last written, with its final
+usage, stats and context; ``spans``, each session's first and last seq;
+``meta``, the head seq, the seq reservation, the retention floor and the
+event count. ``PRAGMA user_version`` is the schema version and ``PRAGMA
+application_id`` says the file is busd's.
 """
 
 from __future__ import annotations
@@ -41,20 +42,16 @@ from .journalrows import (
     _SESSION_COLUMNS,
     _UPSERT_SESSION,
     APPLICATION_ID,
-    MIGRATE_1_TO_2,
     READS_VERSIONS,
     SCHEMA_VERSION,
     UPSERT_SPAN,
     SessionRecord,
     SessionRow,
-    _chunks,
-    _insert_events,
-    _parameters,
     _record,
     _spans,
-    event_head,
     session_row,
 )
+from .journalstore import last_before, read_events, rebuild, split_row, store
 from .journalunits import parse_duration, parse_size
 
 __all__ = [
@@ -153,35 +150,37 @@ def _version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
-def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Rebuild a schema 1 journal as schema 2, once, before anything is written to it.
+def _migrate(conn: sqlite3.Connection, path: Path, version: int) -> None:
+    """Rebuild a schema 1 or 2 journal as schema 3, once, before anything is written to it.
 
     In rollback-journal mode when no reader has the file open (the new
     table's pages are written once instead of twice, through the WAL and
     back: half the time); the caller turns WAL mode on again. The old
     table's pages stay in the file, free, and new events fill them first:
     giving them back would move every page of the new table (longer than
-    the copy itself).
+    the copy itself). One transaction: a crash leaves the file as it was.
     """
     events = conn.execute("SELECT value FROM meta WHERE key = 'events'").fetchone()[0]
-    logger.info("journal %s: rebuilding schema 1 as schema 2 (%d events)", path, events)
+    logger.info("journal %s: rebuilding schema %d as schema 3 (%d events)", path, version, events)
     started = time.monotonic()
     with contextlib.suppress(sqlite3.OperationalError):  # "locked": a reader has it open
         conn.execute("PRAGMA journal_mode = DELETE").fetchone()
     conn.execute("PRAGMA synchronous = FULL")
     try:
-        conn.executescript(MIGRATE_1_TO_2)
+        conn.execute("BEGIN IMMEDIATE")
+        kept = rebuild(conn, version)
+        conn.execute("COMMIT")
     except sqlite3.Error as exc:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
         raise JournalError(
-            f"cannot rebuild the journal {path} (schema 1) as schema 2: {exc}; "
+            f"cannot rebuild the journal {path} (schema {version}) as schema 3: {exc}; "
             "it is unchanged, and the busd that wrote it still reads it"
         ) from None
     logger.info(
-        "journal %s: rebuilt as schema 2 (%d events, %.1f s)",
+        "journal %s: rebuilt as schema 3 (%d events, %.1f s)",
         path,
-        events,
+        kept,
         time.monotonic() - started,
     )
 
@@ -260,8 +259,8 @@ class JournalFile:
                     ) from None
             conn.execute("PRAGMA busy_timeout = 5000")
             conn.execute("PRAGMA cache_size = -16384")  # KiB: the indexes' hot pages stay
-            if version == 1:
-                _migrate(conn, path)
+            if version is not None and version < SCHEMA_VERSION:
+                _migrate(conn, path, version)
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
                 raise JournalError(f"{path}: SQLite cannot use WAL mode there ({mode})")
@@ -343,12 +342,10 @@ class JournalFile:
         staged = self._staged
         if staged > len(envelopes):
             raise ValueError(f"{staged} events are staged but the write has {len(envelopes)}")
-        before = conn.total_changes
         if not staged:
             conn.execute("BEGIN IMMEDIATE")
         try:
-            self._insert(envelopes, raws, staged)
-            inserted = self._staged_inserted + conn.total_changes - before
+            inserted = self._staged_inserted + self._insert(envelopes, raws, staged)
             conn.executemany(UPSERT_SPAN, _spans(envelopes))
             if lost:
                 conn.executemany("INSERT OR REPLACE INTO lost VALUES (?, ?, ?)", lost)
@@ -383,26 +380,27 @@ class JournalFile:
         (retention runs between writes).
         """
         conn = self._conn
-        before = conn.total_changes
         if not self._staged:
             conn.execute("BEGIN IMMEDIATE")
         try:
-            self._insert(envelopes, raws, 0)
+            inserted = self._insert(envelopes, raws, 0)
         except BaseException:
             self._rollback()
             raise
         self._staged += len(envelopes)
-        self._staged_inserted += conn.total_changes - before
+        self._staged_inserted += inserted
 
     def _insert(
         self, envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw], start: int
-    ) -> None:
-        """The rows of ``envelopes[start:]``, many per statement (few trips into SQLite)."""
-        conn = self._conn
-        for size in _chunks(len(envelopes) - start):
-            stop = start + size
-            conn.execute(_insert_events(size), _parameters(envelopes, raws, start, stop))
-            start = stop
+    ) -> int:
+        """``envelopes[start:]`` as one batch row (copies left out); how many went in."""
+        if start:
+            envelopes, raws = envelopes[start:], raws[start:]
+        if not envelopes:
+            return 0
+        seqs = [envelope.seq for envelope in envelopes]
+        ids = [envelope.id for envelope in envelopes]
+        return store(self._conn, seqs, ids, raws)
 
     def _rollback(self) -> None:
         """End the open transaction, dropping what it wrote (whatever state it is in)."""
@@ -447,6 +445,8 @@ class JournalFile:
         Over ``max_size``, the oldest events go until the file is about
         ``_SIZE_TARGET`` of it (estimated from the average event); ``again``
         (a further round) prunes whenever the file is still over that target.
+        Whole batch rows go: for age, those whose every event is older than
+        ``max_age``; for size, up to the end of the row the estimate falls in.
         """
         conn = self._conn
         meta = self._meta()
@@ -464,51 +464,42 @@ class JournalFile:
                 # The oldest seq plus ``drop``: seqs are dense but for rare lost ranges, and
                 # a round that falls short is followed by another; an OFFSET scan over a
                 # tenth of the journal held the first write for tens of ms.
-                oldest = conn.execute("SELECT min(seq) FROM events").fetchone()[0]
+                oldest = conn.execute("SELECT min(first_seq) FROM batches").fetchone()[0]
                 if oldest is not None:
                     target = max(target, oldest + drop - 1)
         return target
 
     def _last_before(self, cutoff: float) -> int | None:
-        """The last seq accepted before ``cutoff`` (accept times follow seq: a binary search)."""
-        conn = self._conn
-
-        def at(seq: int) -> tuple[int, float]:
-            row = conn.execute(
-                "SELECT seq, envelope FROM events WHERE seq >= ? ORDER BY seq LIMIT 1", (seq,)
-            ).fetchone()
-            return int(row[0]), event_head(row[1]).ts
-
-        lo_hi = conn.execute("SELECT min(seq), max(seq) FROM events").fetchone()
-        if lo_hi[0] is None:
-            return None
-        lo, hi = int(lo_hi[0]), int(lo_hi[1])
-        if at(lo)[1] >= cutoff:
-            return None
-        if at(hi)[1] < cutoff:
-            return hi
-        while hi - lo > 1:  # at(lo) is before the cutoff, everything from hi on is not
-            mid = (lo + hi) // 2
-            seq, ts = at(mid)
-            if ts < cutoff:
-                lo = seq
-            else:
-                hi = mid
-        return lo
+        """The last seq accepted before ``cutoff``."""
+        return last_before(self._conn, cutoff)
 
     def prune_step(self, target: int) -> tuple[int, int]:
-        """Remove up to ``_PRUNE_CHUNK`` events at or below ``target``: (new floor, removed)."""
+        """Remove about ``_PRUNE_CHUNK`` events at or below ``target``: (new floor, removed).
+
+        Whole batch rows go, with their ids; a row that reaches past
+        ``target`` is written again without the events up to it.
+        """
         conn = self._conn
-        row = conn.execute(
-            "SELECT seq FROM events WHERE seq <= ? ORDER BY seq LIMIT 1 OFFSET ?",
-            (target, _PRUNE_CHUNK - 1),
-        ).fetchone()
-        upto = target if row is None else min(target, int(row[0]))
         conn.execute("BEGIN IMMEDIATE")
         try:
-            before = conn.total_changes
-            conn.execute("DELETE FROM events WHERE seq <= ?", (upto,))
-            removed = conn.total_changes - before
+            upto, removed, ids, rest = target, 0, [], None
+            cursor = conn.execute(
+                "SELECT first_seq, last_seq, envelopes FROM batches WHERE first_seq <= ? "
+                "ORDER BY first_seq",
+                (target,),
+            )
+            for _, last, blob in cursor:
+                count, row_ids, rest = split_row(blob, target)
+                removed += count
+                ids += row_ids
+                if last > target or removed >= _PRUNE_CHUNK:
+                    upto = min(last, target)
+                    break
+            cursor.close()
+            conn.execute("DELETE FROM batches WHERE first_seq <= ?", (upto,))
+            if rest is not None:
+                conn.execute("INSERT INTO batches VALUES (?, ?, ?)", rest)
+            conn.executemany("DELETE FROM ids WHERE id = ?", [(i,) for i in ids])
             conn.execute("DELETE FROM lost WHERE to_seq <= ?", (upto,))
             conn.execute("DELETE FROM sessions WHERE last_seq <= ?", (upto,))
             conn.execute("DELETE FROM spans WHERE last_seq <= ?", (upto,))
@@ -621,11 +612,9 @@ class JournalReader:
                 low, high = (
                     (after, after) if first is None else (max(after, first - 1), min(upto, last))
                 )
-            stored = conn.execute(
-                "SELECT seq, envelope FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
-                (low, high, limit),
-            ).fetchall()
-            end = stored[-1][0] if len(stored) == limit else upto
+            version = _version(conn)
+            stored, damaged, last = read_events(conn, version, low, high, limit)
+            end = upto if last is None else last
             lost = conn.execute(
                 "SELECT from_seq, to_seq FROM lost WHERE to_seq > ? AND from_seq <= ? "
                 "ORDER BY from_seq",
@@ -633,17 +622,14 @@ class JournalReader:
             ).fetchall()
         finally:
             conn.execute("COMMIT")
-        ranges = [(a, b) for a, b in lost]
+        ranges = [(a, b) for a, b in lost] + damaged
         rows: list[Row] = []
         keep = None if sessions is None else set(sessions)
-        for seq, blob in stored:
-            try:
-                head = event_head(blob)
-            except msgspec.DecodeError:
-                ranges.append((seq, seq))
-                continue
+        for head, blob in stored:
             if keep is None or head.session_id in keep:
-                rows.append((seq, head.event.type, head.session_id, head.run_id, head.stale, blob))
+                rows.append(
+                    (head.seq, head.event.type, head.session_id, head.run_id, head.stale, blob)
+                )
         ranges.sort()
         return Page(floor, rows, ranges, end)
 
@@ -683,14 +669,15 @@ class JournalReader:
             ).fetchone()
             if span is None:
                 return
-            for (blob,) in conn.execute(
-                "SELECT envelope FROM events WHERE seq >= ? AND seq <= ? ORDER BY seq", span
-            ):
-                try:
-                    head = event_head(blob)
-                except msgspec.DecodeError:
-                    continue
-                if head.session_id == session_id:
-                    yield blob
+            low, high = span[0] - 1, span[1]
+            version = _version(conn)
+            while True:
+                stored, _, last = read_events(conn, version, low, high, PAGE_ROWS)
+                for head, blob in stored:
+                    if head.session_id == session_id:
+                        yield blob
+                if last is None:
+                    return
+                low = last
         finally:
             conn.execute("COMMIT")

@@ -11,6 +11,7 @@ Synchronous; the daemon must not be running (the journal's lock says).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import sqlite3
@@ -26,6 +27,9 @@ from .journalcheck import integrity_problems
 from .journalfile import JournalError, JournalFile
 from .journallock import JournalLock, LockHeld
 from .journalrows import UPSERT_SPAN
+from .journalstore import store
+
+_array = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 
 __all__ = ["Recovered", "check", "recover"]
 
@@ -128,27 +132,63 @@ def _copy(
 ) -> None:
     """Events, lost ranges and sessions, as far as they can be read; the meta past all of it."""
     meta = dict(_readable(old, "SELECT key, value FROM meta", []))
-    [(top,)] = _readable(old, "SELECT max(seq) FROM events", [(None,)])
+    [(version,)] = _readable(old, "PRAGMA user_version", [(0,)])
+    batched = version >= 3
+    top_sql = "SELECT max(last_seq) FROM batches" if batched else "SELECT max(seq) FROM events"
+    [(top,)] = _readable(old, top_sql, [(None,)])
     end = max(meta.get("head", 0), meta.get("reserved", 0), top or 0, reserved)
     bad: list[int] = []
     envelope_of = _envelope_check()
     spans: dict[str, tuple[int, int]] = {}
-    # The columns schema 1 and 2 share: the new file is schema 2 whatever the old one was.
-    for row in _rows(old, "events", "seq", meta.get("floor", 0), end, "seq, id, envelope"):
-        if isinstance(row, int):
-            bad.append(row)
-            continue
-        envelope = envelope_of(row)
-        if envelope is None:
-            bad.append(int(row[0]))
-            continue
-        new.execute("INSERT OR IGNORE INTO events VALUES (?, ?, ?)", row)
+    pending: list[tuple[int, str, Any]] = []
+
+    def keep(seq: int, id_: str, blob: Any, envelope: dict[str, Any]) -> None:
+        nonlocal end
+        pending.append((seq, id_, msgspec.Raw(blob)))
+        if len(pending) >= _CHUNK:
+            flush()
         session = envelope.get("session_id")
         if isinstance(session, str):
-            first = spans[session][0] if session in spans else row[0]
-            spans[session] = (first, row[0])  # the rows come in seq order
-        result.events += 1
-        end = max(end, int(row[0]))
+            first = spans[session][0] if session in spans else seq
+            spans[session] = (first, seq)  # the rows come in seq order
+        end = max(end, seq)
+
+    def flush() -> None:
+        if pending:
+            seqs, ids, raws = zip(*pending, strict=True)
+            result.events += store(new, seqs, ids, raws)
+            pending.clear()
+
+    floor = meta.get("floor", 0)
+    if batched:  # schema 3: each readable row's readable envelopes
+        starts: list[int] = []
+        unreadable: list[int] = []
+        for row in _rows(old, "batches", "first_seq", floor, end, "first_seq, last_seq, envelopes"):
+            if isinstance(row, int):
+                unreadable.append(row)
+                continue
+            first, last = int(row[0]), int(row[1])
+            starts.append(first)
+            found, whole = _batch(row[2], envelope_of)
+            if not whole:  # the seqs between the envelopes it could read
+                bad += sorted(set(range(first, last + 1)) - {seq for seq, *_ in found})
+            for seq, id_, blob, envelope in found:
+                keep(seq, id_, blob, envelope)
+        # A row that cannot be read took its seqs up to the next readable row with it.
+        for seq in unreadable:
+            after = bisect.bisect_right(starts, seq)
+            bad += range(seq, starts[after] if after < len(starts) else end + 1)
+    else:  # schemas 1 and 2 (the columns they share)
+        for row in _rows(old, "events", "seq", floor, end, "seq, id, envelope"):
+            if isinstance(row, int):
+                bad.append(row)
+                continue
+            checked = envelope_of(row)
+            if checked is None:
+                bad.append(int(row[0]))
+                continue
+            keep(int(row[0]), row[1], row[2], checked)
+    flush()
     new.executemany(UPSERT_SPAN, [(s, first, last) for s, (first, last) in spans.items()])
     for row in _rows(old, "lost", "from_seq", 0, end):
         if not isinstance(row, int):
@@ -169,6 +209,25 @@ def _copy(
     )
 
 
+def _batch(
+    blob: Any, envelope_of: Callable[[tuple[Any, ...]], dict[str, Any] | None]
+) -> tuple[list[tuple[int, str, Any, dict[str, Any]]], bool]:
+    """A batch row's envelopes that decode (seq, id, bytes, envelope); whether all did."""
+    try:
+        raws = _array(blob)
+    except (msgspec.DecodeError, TypeError):
+        return [], False
+    found = []
+    for raw in raws:
+        envelope = envelope_of((None, None, raw))
+        if envelope is None:
+            continue
+        seq, id_ = envelope.get("seq"), envelope.get("id")
+        if isinstance(seq, int) and isinstance(id_, str):
+            found.append((seq, id_, raw, envelope))
+    return found, len(found) == len(raws)
+
+
 def _envelope_check() -> Callable[[tuple[Any, ...]], dict[str, Any] | None]:
     """An event row's envelope, decoded; ``None`` for garbage.
 
@@ -181,6 +240,8 @@ def _envelope_check() -> Callable[[tuple[Any, ...]], dict[str, Any] | None]:
             envelope = decoder.decode(row[2])
         except (msgspec.DecodeError, TypeError):
             return None
+        if row[0] is None:  # from a batch: the envelope says its own seq and id
+            return envelope
         return envelope if (envelope.get("seq"), envelope.get("id")) == row[:2] else None
 
     return envelope_of

@@ -7,21 +7,20 @@ the counts (``by_model``): an older busd decodes the counts and ignores the
 breakdown, a newer one reads a file without it as an empty breakdown, so
 the schema version did not change.
 
-An event's row is its ``seq``, its ``id`` (unique: a copy is not written
-twice) and its envelope's bytes, nothing else: every column and index
-more is SQLite work for every event, and readers get the rest (type,
-session, run, time) from the envelope's head (:func:`event_head`). What
-an index by session gave, ``spans`` gives once per session and write:
-each session's first and last seq in the file, so a reader of one
-session reads only that stretch. Schema 1 stored those as columns, with
-an index by session; a writer rebuilds such a file as schema 2 when it
-opens it (:data:`MIGRATE_1_TO_2`); readers read both.
+Events are stored as :mod:`.journalstore` says: since schema 3, a row per
+write (its first and last seq and the msgpack array of its envelopes) and
+each event's id beside it. Readers get the rest (type, session, run, time)
+from each envelope's head (:func:`event_head`). What an index by session
+would give, ``spans`` gives once per session and write: each session's
+first and last seq in the file, so a reader of one session reads only that
+stretch. Schemas 1 and 2 stored a row per event (schema 1 with the head's
+fields as columns and an index by session); a writer rebuilds such a file
+as schema 3 when it opens it; readers read all three.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from functools import cache
+from collections.abc import Sequence
 from typing import Any, Final, TypeAlias, cast
 
 import msgspec
@@ -31,9 +30,10 @@ from ..core.sessions import SessionState, SessionStatus, SessionSummary
 
 __all__ = [
     "APPLICATION_ID",
-    "MIGRATE_1_TO_2",
+    "BATCH_TABLES",
     "READS_VERSIONS",
     "SCHEMA_VERSION",
+    "SPANS_TABLE",
     "UPSERT_SPAN",
     "EventHead",
     "SessionRecord",
@@ -42,22 +42,39 @@ __all__ = [
     "session_row",
 ]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """``PRAGMA user_version`` of the files this busd writes; it refuses newer ones."""
-READS_VERSIONS: Final = (1, 2)
-"""Versions a reader reads as they are (a writer first rebuilds a 1 as a 2)."""
+READS_VERSIONS: Final = (1, 2, 3)
+"""Versions a reader reads as they are (a writer first rebuilds a 1 or a 2 as a 3)."""
 APPLICATION_ID: Final = 0x62757364
 """``PRAGMA application_id``: "busd", so a stranger's SQLite file is not mistaken for ours."""
 
 # -- what is stored --------------------------------------------------------------
 
+BATCH_TABLES: Final = """
+CREATE TABLE batches (
+    first_seq INTEGER PRIMARY KEY,
+    last_seq INTEGER NOT NULL,
+    envelopes BLOB NOT NULL
+);
+CREATE TABLE ids (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+"""Schema 3's events (:mod:`.journalstore`): a row per write, and every event's id."""
+
+SPANS_TABLE: Final = """
+CREATE TABLE spans (
+    session_id TEXT PRIMARY KEY,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+
 _SCHEMA = f"""
 BEGIN;
-CREATE TABLE events (
-    seq INTEGER PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    envelope BLOB NOT NULL
-);
+{BATCH_TABLES}
 CREATE TABLE lost (
     from_seq INTEGER PRIMARY KEY,
     to_seq INTEGER NOT NULL,
@@ -83,11 +100,7 @@ CREATE TABLE sessions (
     context BLOB
 );
 CREATE INDEX sessions_by_last_seq ON sessions (last_seq);
-CREATE TABLE spans (
-    session_id TEXT PRIMARY KEY,
-    first_seq INTEGER NOT NULL,
-    last_seq INTEGER NOT NULL
-) WITHOUT ROWID;
+{SPANS_TABLE}
 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO meta VALUES ('head', 0), ('reserved', 0), ('floor', 0), ('events', 0);
 PRAGMA application_id = {APPLICATION_ID};
@@ -95,64 +108,10 @@ PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
 
-MIGRATE_1_TO_2: Final = """
-BEGIN IMMEDIATE;
-CREATE TABLE events_2 (
-    seq INTEGER PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    envelope BLOB NOT NULL
-);
-INSERT INTO events_2 SELECT seq, id, envelope FROM events ORDER BY seq;
-CREATE TABLE spans (
-    session_id TEXT PRIMARY KEY,
-    first_seq INTEGER NOT NULL,
-    last_seq INTEGER NOT NULL
-) WITHOUT ROWID;
-INSERT INTO spans SELECT session_id, min(seq), max(seq) FROM events
-    WHERE session_id IS NOT NULL GROUP BY session_id;
-DROP TABLE events;
-ALTER TABLE events_2 RENAME TO events;
-PRAGMA user_version = 2;
-COMMIT;
-"""
-"""Schema 1's events as schema 2 (one transaction: a crash leaves the file as it was)."""
-
-_ROWS_PER_INSERT = 256  # events per INSERT statement (3 parameters each)
-
 UPSERT_SPAN: Final = """
 INSERT INTO spans VALUES (?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET
     first_seq = min(first_seq, excluded.first_seq), last_seq = max(last_seq, excluded.last_seq)
 """
-
-
-@cache
-def _insert_events(rows: int) -> str:
-    return "INSERT OR IGNORE INTO events VALUES " + ", ".join(["(?, ?, ?)"] * rows)
-
-
-def _chunks(count: int) -> Iterator[int]:
-    """Statement sizes for ``count`` rows: 256s, then powers of two (few distinct statements)."""
-    while count >= _ROWS_PER_INSERT:
-        yield _ROWS_PER_INSERT
-        count -= _ROWS_PER_INSERT
-    size = _ROWS_PER_INSERT
-    while count:
-        size //= 2
-        if count >= size:
-            yield size
-            count -= size
-
-
-def _parameters(
-    envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw], start: int, stop: int
-) -> list[Any]:
-    """The parameters of ``envelopes[start:stop]``'s rows, flat: seq, id, bytes, seq, ..."""
-    out: list[Any] = []
-    extend = out.extend
-    for i in range(start, stop):
-        envelope = envelopes[i]
-        extend((envelope.seq, envelope.id, raws[i]))
-    return out
 
 
 def _spans(envelopes: Sequence[Envelope[Event]]) -> list[tuple[str, int, int]]:

@@ -1,27 +1,20 @@
 """What a journaled event costs the writer thread, and a resume's read, by schema.
 
     python contrib/bench/bench_journal_rows.py [--events 50000] [--batch 250] [--rounds 6]
-        [--candidates]
 
 In process, no daemon: the same envelopes (``stream.text.delta`` in four
 sessions with a run, encoded as the daemon encodes them) written in
 transactions of ``--batch`` events (5,000 events/s at the journal's 50 ms)
-into a fresh file by ``JournalFile.write``, schema 2 (an event's row is
-seq, id, envelope), and by the rows schema 1 wrote (eight columns and the
-index by session; its table and statement are kept here as the
-reference). Then a resume's read of each file: ``JournalReader.page``
-(schema 2: the envelope's head decoded per row) against the query schema 1's
+into a fresh file by ``JournalFile.write``, schema 3 (a row per write of
+at most 256 envelopes, each event's id and seq in ``ids``); by the rows
+schema 2 wrote (an event's row is seq, id, envelope); and by the rows
+schema 1 wrote (eight columns and the index by session). The tables and
+statements of schemas 1 and 2 are kept here as the reference. Then a
+resume's read of each file: ``JournalReader.page`` (which reads schema 2
+and 3 files, decoding each envelope's head) against the query schema 1's
 reader ran (the columns, no decoding). The thread's CPU per event, the
-variants taking turns, the median of the rounds; the ratio is schema 2's
-to schema 1's in the same command.
-
-``--candidates`` adds layouts a schema 3 could take, written here as
-schema 1 is (their writes only: no reader exists for them), each write
-doing what ``JournalFile.write`` does besides the rows (the spans, the
-meta update, the size): ids as 16 bytes instead of 36 characters; one
-row per write holding the msgpack array of its envelopes, with the ids
-in a table of their own (so a copy whose id is journaled is still
-refused); and that row alone (no ids: the floor of the layout).
+variants taking turns, the median of the rounds; the ratios are to schema
+2's in the same command.
 """
 
 from __future__ import annotations
@@ -31,10 +24,9 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from busd.core.events import Envelope, Event, TextDelta
 from busd.core.ids import new_event_id
@@ -42,37 +34,31 @@ from busd.daemon.journalfile import PAGE_ROWS, JournalFile, JournalReader
 from busd.daemon.journalrows import UPSERT_SPAN, _spans
 from busd.wire import encode_envelope
 
-SCHEMA_1_EVENTS = """
-DROP TABLE events;
-CREATE TABLE events (
-    seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, ts REAL NOT NULL, session_id TEXT,
-    run_id TEXT, type TEXT NOT NULL, stale INTEGER NOT NULL, envelope BLOB NOT NULL
-);
-CREATE INDEX events_by_session ON events (session_id, seq) WHERE session_id IS NOT NULL;
-PRAGMA user_version = 1;
+_OLD_EVENTS = """
+DROP TABLE batches;
+DROP TABLE ids;
+CREATE TABLE events ({columns});
+{index}
+PRAGMA user_version = {version};
 """
+SCHEMA_1_EVENTS = _OLD_EVENTS.format(
+    columns="seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, ts REAL NOT NULL, "
+    "session_id TEXT, run_id TEXT, type TEXT NOT NULL, stale INTEGER NOT NULL, "
+    "envelope BLOB NOT NULL",
+    index="CREATE INDEX events_by_session ON events (session_id, seq) "
+    "WHERE session_id IS NOT NULL;",
+    version=1,
+)
+SCHEMA_2_EVENTS = _OLD_EVENTS.format(
+    columns="seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, envelope BLOB NOT NULL",
+    index="",
+    version=2,
+)
 SCHEMA_1_READ = (
     "SELECT seq, type, session_id, run_id, stale, envelope FROM events "
     "WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
 )
-
-
-BLOB_IDS = """
-DROP TABLE events;
-CREATE TABLE events (seq INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, envelope BLOB NOT NULL);
-"""
-ONE_ROW_A_WRITE = """
-DROP TABLE events;
-CREATE TABLE events (seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL, envelopes BLOB NOT NULL);
-CREATE TABLE ids (id TEXT PRIMARY KEY) WITHOUT ROWID;
-"""
-CANDIDATES = {  # "a row a write" has the ids table too, and leaves it empty
-    "16-byte ids": BLOB_IDS,
-    "a row a write + ids": ONE_ROW_A_WRITE,
-    "a row a write": ONE_ROW_A_WRITE,
-}
-SCHEMAS = ("schema 1", "schema 2")
-_ENCODE = msgspec.msgpack.Encoder().encode
+SCHEMAS = ("schema 1", "schema 2", "schema 3")
 
 
 def envelopes(count: int) -> list[Envelope[Event]]:
@@ -114,31 +100,23 @@ def schema_1_write(file: JournalFile, batch: list[Envelope[Event]], raws: list[A
     file.size()
 
 
-def candidate_write(
-    file: JournalFile, variant: str, batch: list[Envelope[Event]], raws: list[Any]
-) -> None:
-    """One write in a candidate layout, with the rest of what ``JournalFile.write`` does."""
+@cache
+def _schema_2_insert(rows: int) -> str:
+    return "INSERT OR IGNORE INTO events VALUES " + ", ".join(["(?, ?, ?)"] * rows)
+
+
+def schema_2_write(file: JournalFile, batch: list[Envelope[Event]], raws: list[Any]) -> None:
+    """One write as schema 2's writer made it: 3 parameters a row, 256 rows a statement."""
     conn = file._conn
     conn.execute("BEGIN IMMEDIATE")
-    if variant == "16-byte ids":
-        for start in range(0, len(batch), 256):
-            params: list[Any] = []
-            for i in range(start, min(start + 256, len(batch))):
-                params += (batch[i].seq, bytes.fromhex(batch[i].id.replace("-", "")), raws[i])
-            values = ", ".join(["(?, ?, ?)"] * (len(params) // 3))
-            conn.execute(f"INSERT OR IGNORE INTO events VALUES {values}", params)
-    else:
-        if variant == "a row a write + ids":
-            for start in range(0, len(batch), 256):
-                ids = [e.id for e in batch[start : start + 256]]
-                values = ", ".join(["(?)"] * len(ids))
-                conn.execute(f"INSERT OR IGNORE INTO ids VALUES {values}", ids)
-        conn.execute(
-            "INSERT INTO events VALUES (?, ?, ?)",
-            (batch[0].seq, batch[-1].seq, _ENCODE(raws)),
-        )
+    for start in range(0, len(batch), 256):
+        part = range(start, min(start + 256, len(batch)))
+        params: list[Any] = []
+        for i in part:
+            params += (batch[i].seq, batch[i].id, raws[i])
+        conn.execute(_schema_2_insert(len(part)), params)
     conn.executemany(UPSERT_SPAN, _spans(batch))
-    conn.execute(
+    conn.execute(  # the rest of a write, as JournalFile.write does it
         "UPDATE meta SET value = CASE key WHEN 'head' THEN ? WHEN 'reserved' THEN ? "
         "ELSE value + ? END WHERE key IN ('head', 'reserved', 'events')",
         (batch[-1].seq, batch[-1].seq, len(batch)),
@@ -154,18 +132,18 @@ def write(path: Path, variant: str, events: list[Envelope[Event]], size: int) ->
     try:
         if variant == "schema 1":
             file._conn.executescript(SCHEMA_1_EVENTS)
-        elif variant in CANDIDATES:
-            file._conn.executescript(CANDIDATES[variant])
+        elif variant == "schema 2":
+            file._conn.executescript(SCHEMA_2_EVENTS)
         started = time.thread_time()
         for start in range(0, len(events), size):
             batch, part = events[start : start + size], raws[start : start + size]
             if variant == "schema 1":
                 schema_1_write(file, batch, part)
             elif variant == "schema 2":
+                schema_2_write(file, batch, part)
+            else:
                 last = batch[-1].seq
                 file.write(batch, part, [], [], head=last, reserved=last)
-            else:
-                candidate_write(file, variant, batch, part)
         return (time.thread_time() - started) / len(events) * 1e6
     finally:
         file.close()
@@ -194,46 +172,31 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=250, help="events per transaction")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument(
-        "--candidates", action="store_true", help="also write the layouts a schema 3 could take"
-    )
     args = parser.parse_args()
     events = envelopes(args.events)
-    variants = [*SCHEMAS, *CANDIDATES] if args.candidates else list(SCHEMAS)
     figures: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for n, variant in enumerate(variants if r % 2 == 0 else variants[::-1]):
+            for n, variant in enumerate(SCHEMAS if r % 2 == 0 else SCHEMAS[::-1]):
                 path = Path(tmp) / f"r{r}-{n}.sqlite3"
                 figures.setdefault(("write", variant), []).append(
                     write(path, variant, events, args.batch)
                 )
-                if variant in SCHEMAS:
-                    schema = SCHEMAS.index(variant) + 1
-                    figures.setdefault(("read", variant), []).append(
-                        read(path, schema, args.events)
-                    )
+                schema = SCHEMAS.index(variant) + 1
+                figures.setdefault(("read", variant), []).append(read(path, schema, args.events))
                 for suffix in ("", "-wal", "-shm", ".lock"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
     print(
         f"{args.events:,} events, {args.batch} a transaction, {args.rounds} rounds "
         f"(CPU µs per event, median; each round's in brackets)"
     )
-    print(f"{'':8} {'schema 1':>10} {'schema 2':>10} {'2 / 1':>6}")
+    print(f"{'':8} {'schema 1':>10} {'schema 2':>10} {'schema 3':>10} {'1 / 2':>6} {'3 / 2':>6}")
     for what in ("write", "read"):
-        one, two = (statistics.median(figures[(what, s)]) for s in SCHEMAS)
-        print(f"{what:8} {one:10.2f} {two:10.2f} {two / one:6.2f}")
+        one, two, three = (statistics.median(figures[(what, s)]) for s in SCHEMAS)
+        print(f"{what:8} {one:10.2f} {two:10.2f} {three:10.2f} {one / two:6.2f} {three / two:6.2f}")
         for s in SCHEMAS:
             rounds = " ".join(f"{x:.2f}" for x in figures[(what, s)])
             print(f"  {s} {what}: [{rounds}]")
-    if args.candidates:
-        two = statistics.median(figures[("write", "schema 2")])
-        print(f"\n{'write, in a layout a schema 3 could take':40} {'µs':>6} {'/ schema 2':>10}")
-        for variant in CANDIDATES:
-            written = figures[("write", variant)]
-            mine = statistics.median(written)
-            print(f"  {variant:38} {mine:6.2f} {mine / two:10.2f}")
-            print(f"    [{' '.join(f'{x:.2f}' for x in written)}]")
     sys.stdout.flush()
 
 

@@ -1,0 +1,307 @@
+"""How the journal stores events: schema 3's batches, and the rows of schemas 1 and 2.
+
+Schema 3 stores what one stage or write inserts as one row of ``batches``:
+its first and last seq and the msgpack array of its envelopes, each the
+bytes the daemon sent. SQLite's work is per row (about 3 µs in a WAL file
+whatever the row holds), so one row per event cost the writer thread most
+of its CPU; one row per write (at most 256 events) halves it (docs/performance.md, "What a
+schema 3 could take off the writer"). ``ids`` keeps every stored event's id
+with its seq, so a copy that a bridge loops back is still refused, as
+schema 2's unique column refused it.
+
+Schemas 1 and 2 stored one ``events`` row per event: readers read those
+files as they are (:func:`read_events`), and a writer rebuilds them as
+schema 3 when it opens one (:func:`rebuild`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from functools import cache
+from itertools import chain
+from typing import Any, Final
+
+import msgspec
+
+from .journalrows import BATCH_TABLES, SPANS_TABLE, EventHead, event_head
+
+__all__ = [
+    "ROW_EVENTS",
+    "Stored",
+    "last_before",
+    "read_events",
+    "rebuild",
+    "split_row",
+    "store",
+]
+
+ROW_EVENTS: Final = 256
+"""Events per batch row at most: what a damaged page can take with it (``busd journal recover``)."""
+_IDS_PER_INSERT = 256  # ids per INSERT statement (2 parameters each)
+_REBUILD_BATCH = 1_000  # events per row when a schema 1 or 2 file is rebuilt
+_FETCH = 8  # batch rows fetched at a time by a reader
+
+_encode = msgspec.msgpack.Encoder().encode
+_array = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+
+
+class _Id(msgspec.Struct, frozen=True, gc=False):
+    id: str
+
+
+_id_of = msgspec.msgpack.Decoder(_Id).decode
+
+Stored = tuple[EventHead, bytes]
+"""An event read back: its envelope's head and its bytes."""
+
+
+# -- writing -----------------------------------------------------------------------
+
+
+@cache
+def _insert_ids(rows: int) -> str:
+    return "INSERT OR IGNORE INTO ids VALUES " + ", ".join(["(?, ?)"] * rows)
+
+
+def _chunks(count: int) -> Iterator[int]:
+    """Statement sizes for ``count`` ids: 256s, then powers of two (few distinct statements)."""
+    while count >= _IDS_PER_INSERT:
+        yield _IDS_PER_INSERT
+        count -= _IDS_PER_INSERT
+    size = _IDS_PER_INSERT
+    while count:
+        size //= 2
+        if count >= size:
+            yield size
+            count -= size
+
+
+def store(
+    conn: sqlite3.Connection, seqs: Sequence[int], ids: Sequence[str], raws: Sequence[Any]
+) -> int:
+    """Store events (in seq order; ``raws`` their envelopes' bytes) in rows; how many.
+
+    An event whose id is already stored (a copy) is left out. The ids go
+    in first, many per statement; only when a statement adds fewer than it
+    was given does the write look up which ones were copies.
+    """
+    copies: set[int] = set()
+    start = 0
+    for size in _chunks(len(seqs)):
+        stop = start + size
+        params = list(chain.from_iterable(zip(ids[start:stop], seqs[start:stop], strict=True)))
+        before = conn.total_changes
+        conn.execute(_insert_ids(size), params)
+        if conn.total_changes - before != size:  # the ids stored now carry this event's seq
+            chunk = ids[start:stop]
+            owners = dict(
+                conn.execute(
+                    f"SELECT id, seq FROM ids WHERE id IN ({', '.join('?' * size)})", chunk
+                ).fetchall()
+            )
+            copies.update(i for i in range(start, stop) if owners.get(ids[i]) != seqs[i])
+        start = stop
+    if copies:
+        kept = [i for i in range(len(seqs)) if i not in copies]
+        seqs, raws = [seqs[i] for i in kept], [raws[i] for i in kept]
+    count = len(seqs)
+    for start in range(0, count, ROW_EVENTS):
+        stop = min(start + ROW_EVENTS, count)
+        row = (seqs[start], seqs[stop - 1], _encode(raws[start:stop]))
+        conn.execute("INSERT INTO batches VALUES (?, ?, ?)", row)
+    return count
+
+
+def split_row(blob: bytes, upto: int) -> tuple[int, list[str], tuple[int, int, bytes] | None]:
+    """A batch row cut at ``upto`` for retention: the events removed, their ids, and the
+    row that stays (first seq, last seq, envelopes), if any event is after ``upto``.
+
+    An envelope that does not decode goes with the removed ones (its id cannot be read).
+    """
+    try:
+        raws = _array(blob)
+    except msgspec.DecodeError:
+        return 0, [], None
+    ids: list[str] = []
+    kept: list[msgspec.Raw] = []
+    seqs: list[int] = []
+    for raw in raws:
+        try:
+            head = event_head(raw)
+        except msgspec.DecodeError:
+            continue
+        if head.seq > upto:
+            kept.append(raw)
+            seqs.append(head.seq)
+            continue
+        try:
+            ids.append(_id_of(raw).id)
+        except msgspec.DecodeError:
+            continue
+    rest = (seqs[0], seqs[-1], _encode(kept)) if kept else None
+    return len(raws) - len(kept), ids, rest
+
+
+# -- reading -----------------------------------------------------------------------
+
+
+def _batch_events(
+    first: int, last: int, blob: bytes, low: int, high: int, out: list[Stored]
+) -> list[tuple[int, int]]:
+    """A batch row's events with ``low < seq <= high`` into ``out``; the seqs it could not read.
+
+    A row that does not decode loses its whole range; an envelope that does
+    not, the seqs between its readable neighbours.
+    """
+    lo, hi = max(first, low + 1), min(last, high)
+    try:
+        raws = _array(blob)
+    except msgspec.DecodeError:
+        return [(lo, hi)] if lo <= hi else []
+    damaged: list[tuple[int, int]] = []
+    previous, bad = first - 1, False
+    for raw in raws:
+        try:
+            head = event_head(raw)
+        except msgspec.DecodeError:
+            bad = True
+            continue
+        seq = head.seq
+        if bad:
+            damaged.append((max(previous + 1, lo), min(seq - 1, hi)))
+            bad = False
+        previous = seq
+        if low < seq <= high:
+            out.append((head, bytes(raw)))
+    if bad:
+        damaged.append((max(previous + 1, lo), hi))
+    return [(a, b) for a, b in damaged if a <= b]
+
+
+def read_events(
+    conn: sqlite3.Connection, version: int, low: int, high: int, limit: int
+) -> tuple[list[Stored], list[tuple[int, int]], int | None]:
+    """Events with ``low < seq <= high`` in seq order, read until at least ``limit`` are.
+
+    Returns them, the seq ranges that could not be read, and the last seq
+    accounted for when the read stopped at ``limit`` (``None``: it read the
+    whole range). Call it inside a read transaction.
+    """
+    out: list[Stored] = []
+    damaged: list[tuple[int, int]] = []
+    if version < 3:
+        rows = conn.execute(
+            "SELECT seq, envelope FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+            (low, high, limit),
+        ).fetchall()
+        for seq, blob in rows:
+            try:
+                out.append((event_head(blob), blob))
+            except msgspec.DecodeError:
+                damaged.append((seq, seq))
+        return out, damaged, rows[-1][0] if len(rows) == limit else None
+    # The row holding low + 1 may start before it: rows are disjoint and in seq order.
+    start = conn.execute(
+        "SELECT max(first_seq) FROM batches WHERE first_seq <= ?", (low + 1,)
+    ).fetchone()[0]
+    cursor = conn.execute(
+        "SELECT first_seq, last_seq, envelopes FROM batches "
+        "WHERE first_seq >= ? AND first_seq <= ? ORDER BY first_seq",
+        (low + 1 if start is None else start, high),
+    )
+    try:
+        while rows := cursor.fetchmany(_FETCH):
+            for first, last, blob in rows:
+                damaged += _batch_events(first, last, blob, low, high, out)
+                if len(out) >= limit:
+                    return out, damaged, min(last, high)
+    finally:
+        cursor.close()
+    return out, damaged, None
+
+
+def last_before(conn: sqlite3.Connection, cutoff: float) -> int | None:
+    """The last seq accepted before ``cutoff``, in a schema 3 file (``None``: none was).
+
+    Accept times follow seq: a binary search over the rows by their first
+    event's time, then through the last row that starts before the cutoff.
+    """
+
+    def row_at(seq: int) -> tuple[int, list[EventHead]]:
+        first, blob = conn.execute(
+            "SELECT first_seq, envelopes FROM batches WHERE first_seq >= ? "
+            "ORDER BY first_seq LIMIT 1",
+            (seq,),
+        ).fetchone()
+        heads: list[EventHead] = []
+        for raw in _array(blob):
+            try:
+                heads.append(event_head(raw))
+            except msgspec.DecodeError:
+                continue
+        return int(first), heads
+
+    def starts_before(seq: int) -> tuple[int, bool]:
+        first, heads = row_at(seq)
+        return first, bool(heads) and heads[0].ts < cutoff
+
+    lo_hi = conn.execute("SELECT min(first_seq), max(first_seq) FROM batches").fetchone()
+    if lo_hi[0] is None:
+        return None
+    lo, hi = int(lo_hi[0]), int(lo_hi[1])
+    if not starts_before(lo)[1]:
+        return None
+    if starts_before(hi)[1]:
+        lo = hi
+    else:
+        while hi - lo > 1:  # the row at lo starts before the cutoff, none from hi on does
+            mid = (lo + hi) // 2
+            first, before = starts_before(mid)
+            if before:
+                lo = first
+            else:
+                hi = mid
+    first, heads = row_at(lo)
+    earlier = [head.seq for head in heads if head.ts < cutoff]
+    return earlier[-1] if earlier else first - 1
+
+
+# -- schemas 1 and 2 rebuilt ----------------------------------------------------------
+
+
+def rebuild(conn: sqlite3.Connection, version: int) -> int:
+    """Schema 1 or 2's ``events`` rows as schema 3's batches; the events kept.
+
+    Runs in the caller's transaction. An envelope that does not decode is
+    recorded lost (reason ``damaged``) instead of being copied: in a batch
+    it would make its neighbours unreadable too.
+    """
+    for statement in BATCH_TABLES.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    if version == 1:  # schema 1 had the session as a column, indexed: the spans come from it
+        conn.execute(SPANS_TABLE)
+        conn.execute(
+            "INSERT INTO spans SELECT session_id, min(seq), max(seq) FROM events "
+            "WHERE session_id IS NOT NULL GROUP BY session_id"
+        )
+    kept = 0
+    cursor = conn.execute("SELECT seq, id, envelope FROM events ORDER BY seq")
+    while rows := cursor.fetchmany(_REBUILD_BATCH):
+        good = []
+        for seq, id_, blob in rows:
+            try:
+                event_head(blob)
+            except msgspec.DecodeError:
+                conn.execute("INSERT OR REPLACE INTO lost VALUES (?, ?, 'damaged')", (seq, seq))
+            else:
+                good.append((seq, id_, blob))
+        if good:
+            seqs, ids, blobs = zip(*good, strict=True)
+            kept += store(conn, seqs, ids, [msgspec.Raw(b) for b in blobs])
+    cursor.close()
+    conn.execute("DROP TABLE events")
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'events'", (kept,))
+    conn.execute("PRAGMA user_version = 3")
+    return kept
