@@ -481,7 +481,70 @@ def test_retention_takes_a_sessions_span_with_its_last_event(tmp_path: Path) -> 
     assert spans == {"both": (11, 31), "new": (21, 30)}  # "old" went with its last event
     with JournalReader(path) as reader:
         seqs = [msgspec.msgpack.decode(b)["seq"] for b in reader.session_events("both")]
+        assert reader.meta()["events"] == 16
     assert seqs == [*range(16, 21), 31]
+    assert sorted(query(path, "SELECT seq, id FROM ids")) == [(e.seq, e.id) for e in envelopes[15:]]
+    assert query(path, "SELECT first_seq, last_seq FROM batches") == [(16, 31)]  # the row, cut
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(1, 700),
+    cuts=st.lists(st.integers(1, 700), max_size=5),
+    holes=st.sets(st.integers(1, 700), max_size=20),
+    cutoff=st.integers(0, 720),
+    chunk=st.sampled_from([1, 7, 100, 5_000]),
+    by_size=st.booleans(),
+)
+def test_retention_removes_exactly_the_events_up_to_its_cut_whatever_the_rows(
+    tmp_path_factory: pytest.TempPathFactory,
+    count: int,
+    cuts: list[int],
+    holes: set[int],
+    cutoff: int,
+    chunk: int,
+    by_size: bool,
+) -> None:
+    """Rows of up to 256 events from writes of any size, with seqs missing between them;
+    pruned by age (event ``i`` is ``i`` seconds old... newer as seq grows) or by a seq
+    target, in steps of ``chunk`` events: what stays is every event after the cut, each
+    with its id, and the count in ``meta`` says so."""
+    path = tmp_path_factory.mktemp("j") / "journal.sqlite3"
+    delta = TextDelta(message_id="m", text="x")
+    envelopes = [
+        _envelope(seq, f"s{seq % 3}", None, False, delta)
+        for seq in range(1, count + 1)
+        if seq not in holes
+    ]
+    if not envelopes:
+        return
+    write(path, envelopes, cuts)
+    file = JournalFile.open(path)
+    try:
+        if by_size:
+            target = cutoff
+        else:  # _envelope's ts is 1e9 + seq: a max_age from "now" that cuts after ``cutoff``
+            now = 1e9 + cutoff + 0.5 + 1000.0
+            retention = journalfile.Retention(max_age=1000.0, max_size=None)
+            target = file.prune_target(retention, now)
+            before = [e.seq for e in envelopes if e.seq <= cutoff]
+            assert target == (before[-1] if before else 0)
+        floor = 0
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(journalfile, "_PRUNE_CHUNK", chunk)
+            while target > floor:
+                floor, _ = file.prune_step(target)
+        statistics = file.statistics()
+    finally:
+        file.close()
+    kept = [e for e in envelopes if e.seq > target]
+    assert [seq for seq, _, _ in stored(path)] == [e.seq for e in kept]
+    assert sorted(query(path, "SELECT seq, id FROM ids")) == [(e.seq, e.id) for e in kept]
+    assert statistics["events"] == len(kept)
+    assert statistics["floor"] == max(target, 0)
+    rows = query(path, "SELECT first_seq, last_seq FROM batches ORDER BY first_seq")
+    assert all(a <= b < c for (a, b), (c, _) in itertools.pairwise(rows))  # disjoint, in order
+    assert all(a > target for a, _ in rows)
 
 
 def _grown(path: Path, version: int, events: int) -> list[Any]:
