@@ -307,6 +307,14 @@ def test_an_envelope_that_does_not_decode_is_a_gap_not_a_frame(tmp_path: Path) -
     assert (page.rows, page.lost) == ([], [(1, 4)])
     with JournalReader(path) as reader:
         assert list(reader.session_events("s1")) == []
+    file = JournalFile.open(path)
+    try:  # retention cuts the row: what it could not read after the cut stays a gap
+        assert file.prune_step(2) == (2, 0)
+    finally:
+        file.close()
+    page = whole(path)
+    assert (page.floor, page.rows, page.lost) == (2, [], [(3, 4)])
+    assert query(path, "SELECT count(*) FROM batches") == [(0,)]
 
 
 def test_an_old_envelope_that_does_not_decode_is_recorded_lost_by_the_rebuild(

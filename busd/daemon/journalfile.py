@@ -489,11 +489,16 @@ class JournalFile:
                 (target,),
             )
             for _, last, blob in cursor:
-                count, row_ids, rest = split_row(blob, target)
+                count, row_ids, rest = split_row(blob, last, target)
                 removed += count
                 ids += row_ids
                 if last > target or removed >= _PRUNE_CHUNK:
                     upto = min(last, target)
+                    if last > target and rest is None:  # its later events could not be read
+                        conn.execute(
+                            "INSERT OR REPLACE INTO lost VALUES (?, ?, 'damaged')",
+                            (target + 1, last),
+                        )
                     break
             cursor.close()
             conn.execute("DELETE FROM batches WHERE first_seq <= ?", (upto,))

@@ -16,6 +16,7 @@ schema 3 when it opens one (:func:`rebuild`).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterator, Sequence
 from functools import cache
@@ -51,6 +52,7 @@ class _Id(msgspec.Struct, frozen=True, gc=False):
 
 
 _id_of = msgspec.msgpack.Decoder(_Id).decode
+_ids_of = msgspec.msgpack.Decoder(list[_Id]).decode
 
 Stored = tuple[EventHead, bytes]
 """An event read back: its envelope's head and its bytes."""
@@ -113,12 +115,19 @@ def store(
     return count
 
 
-def split_row(blob: bytes, upto: int) -> tuple[int, list[str], tuple[int, int, bytes] | None]:
-    """A batch row cut at ``upto`` for retention: the events removed, their ids, and the
-    row that stays (first seq, last seq, envelopes), if any event is after ``upto``.
+def split_row(
+    blob: bytes, last: int, upto: int
+) -> tuple[int, list[str], tuple[int, int, bytes] | None]:
+    """A batch row (``last``: its last seq) cut at ``upto`` for retention: the events
+    removed, their ids, and the row that stays (first seq, last seq, envelopes), if any
+    event is after ``upto``.
 
     An envelope that does not decode goes with the removed ones (its id cannot be read).
     """
+    if last <= upto:  # the whole row: its ids in one decode
+        with contextlib.suppress(msgspec.DecodeError):
+            whole = _ids_of(blob)
+            return len(whole), [envelope.id for envelope in whole], None
     try:
         raws = _array(blob)
     except msgspec.DecodeError:

@@ -3,7 +3,7 @@
     python contrib/bench/bench_retention.py [--events 1000000] [--rounds 2] [--seconds 3]
 
 In process, no daemon: a journal of ``--events`` text deltas is built once
-(about 425 bytes an event), then each round copies it and runs the
+(a few hundred bytes an event), then each round copies it and runs the
 journal's writer over the copy while one event is appended every 10 ms
 (an agent's pace), timing each from its append until it is journaled.
 Two runs a round, taking turns: the copy just over its size limit, so the
