@@ -15,7 +15,6 @@ events; every event acknowledged before the kill must be in the journal
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from busd.client import ConnectionLost, connect  # noqa: E402
 from busd.core.events import TextDelta  # noqa: E402
+from busd.daemon.journalfile import JournalReader  # noqa: E402
 
 
 async def one_round(tmp: Path, seconds: float, rate: float, ack_every: int) -> dict[str, int]:
@@ -88,9 +88,13 @@ async def one_round(tmp: Path, seconds: float, rate: float, ack_every: int) -> d
                 if len(seen) == before:
                     break
         nursery.cancel_scope.cancel()
-    conn = sqlite3.connect(journal)
-    journaled = {row[0] for row in conn.execute("SELECT seq FROM events")}
-    conn.close()
+    journaled: set[int] = set()
+    with JournalReader(journal) as reader:
+        cursor = 0
+        while cursor < (head := reader.meta()["head"]):
+            page = reader.page(cursor, head)
+            journaled.update(row[0] for row in page.rows)
+            cursor = page.end
     missing = seen - journaled
     return {
         "delivered": len(seen),
