@@ -317,6 +317,29 @@ def test_an_envelope_that_does_not_decode_is_a_gap_not_a_frame(tmp_path: Path) -
     assert query(path, "SELECT count(*) FROM batches") == [(0,)]
 
 
+@pytest.mark.parametrize(
+    ("change", "damaged", "kept"),
+    [
+        (lambda raws: msgspec.msgpack.encode([raws[0], 7, *raws[2:]]), [(2, 2)], [1, 3, 4]),
+        (lambda raws: msgspec.msgpack.encode([*raws[:3], "x"]), [(4, 4)], [1, 2, 3]),
+        (lambda raws: b"\xc1", [(1, 4)], []),
+    ],
+    ids=["an envelope", "the last envelope", "the row"],
+)
+def test_recover_keeps_what_a_damaged_batch_row_still_holds(
+    tmp_path: Path, change: Any, damaged: list[tuple[int, int]], kept: list[int]
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    delta = TextDelta(message_id="m", text="x")
+    write(path, [_envelope(seq, "s1", None, False, delta) for seq in (1, 2, 3, 4, 5)], [4])
+    _batch_row(path, change)  # the first row, 1..4; 5 is a row of its own
+    result = recover(path)
+    assert (result.damaged, result.events) == (damaged, len(kept) + 1)
+    page = whole(path)
+    assert [row[0] for row in page.rows] == [*kept, 5]
+    assert page.lost == damaged
+
+
 def test_an_old_envelope_that_does_not_decode_is_recorded_lost_by_the_rebuild(
     old: tuple[Path, int],
 ) -> None:

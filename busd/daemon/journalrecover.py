@@ -117,14 +117,15 @@ def _readable(old: sqlite3.Connection, sql: str, default: Any) -> Any:
         return default
 
 
-def _merge(seqs: list[int]) -> list[tuple[int, int]]:
-    ranges: list[tuple[int, int]] = []
-    for seq in sorted(seqs):
-        if ranges and seq == ranges[-1][1] + 1:
-            ranges[-1] = (ranges[-1][0], seq)
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges of seqs, joined where they touch or overlap."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
         else:
-            ranges.append((seq, seq))
-    return ranges
+            merged.append((a, b))
+    return merged
 
 
 def _copy(
@@ -138,6 +139,7 @@ def _copy(
     [(top,)] = _readable(old, top_sql, [(None,)])
     end = max(meta.get("head", 0), meta.get("reserved", 0), top or 0, reserved)
     bad: list[int] = []
+    damaged: list[tuple[int, int]] = []
     envelope_of = _envelope_check()
     spans: dict[str, tuple[int, int]] = {}
     pending: list[tuple[int, str, Any]] = []
@@ -169,15 +171,17 @@ def _copy(
                 continue
             first, last = int(row[0]), int(row[1])
             starts.append(first)
-            found, whole = _batch(row[2], envelope_of)
-            if not whole:  # the seqs between the envelopes it could read
-                bad += sorted(set(range(first, last + 1)) - {seq for seq, *_ in found})
+            found, lost = _batch(first, last, row[2], envelope_of)
+            damaged += lost
             for seq, id_, blob, envelope in found:
                 keep(seq, id_, blob, envelope)
         # A row that cannot be read took its seqs up to the next readable row with it.
+        covered = floor
         for seq in unreadable:
-            after = bisect.bisect_right(starts, seq)
-            bad += range(seq, starts[after] if after < len(starts) else end + 1)
+            if seq > covered:
+                after = bisect.bisect_right(starts, seq)
+                covered = starts[after] - 1 if after < len(starts) else end
+                damaged.append((seq, covered))
     else:  # schemas 1 and 2 (the columns they share)
         for row in _rows(old, "events", "seq", floor, end, "seq, id, envelope"):
             if isinstance(row, int):
@@ -194,7 +198,7 @@ def _copy(
         if not isinstance(row, int):
             new.execute("INSERT OR REPLACE INTO lost VALUES (?, ?, ?)", row)
             end = max(end, int(row[1]))
-    result.damaged = _merge(bad)
+    result.damaged = _merge([*((seq, seq) for seq in bad), *damaged])
     new.executemany("INSERT OR REPLACE INTO lost VALUES (?, ?, 'damaged')", result.damaged)
     columns = len(new.execute("SELECT * FROM sessions LIMIT 0").description)
     [(last,)] = _readable(old, "SELECT max(rowid) FROM sessions", [(None,)])
@@ -210,22 +214,35 @@ def _copy(
 
 
 def _batch(
-    blob: Any, envelope_of: Callable[[tuple[Any, ...]], dict[str, Any] | None]
-) -> tuple[list[tuple[int, str, Any, dict[str, Any]]], bool]:
-    """A batch row's envelopes that decode (seq, id, bytes, envelope); whether all did."""
+    first: int,
+    last: int,
+    blob: Any,
+    envelope_of: Callable[[tuple[Any, ...]], dict[str, Any] | None],
+) -> tuple[list[tuple[int, str, Any, dict[str, Any]]], list[tuple[int, int]]]:
+    """A batch row's envelopes that decode (seq, id, bytes, envelope), and the seqs it lost:
+    all of them if the row does not decode, else those between an envelope that does not
+    and its readable neighbours."""
     try:
         raws = _array(blob)
     except (msgspec.DecodeError, TypeError):
-        return [], False
+        return [], [(first, last)]
     found = []
+    lost: list[tuple[int, int]] = []
+    previous, bad = first - 1, False
     for raw in raws:
         envelope = envelope_of((None, None, raw))
-        if envelope is None:
+        seq, id_ = (None, None) if envelope is None else (envelope.get("seq"), envelope.get("id"))
+        if envelope is None or not isinstance(seq, int) or not isinstance(id_, str):
+            bad = True
             continue
-        seq, id_ = envelope.get("seq"), envelope.get("id")
-        if isinstance(seq, int) and isinstance(id_, str):
-            found.append((seq, id_, raw, envelope))
-    return found, len(found) == len(raws)
+        if bad:
+            lost.append((previous + 1, seq - 1))
+            bad = False
+        found.append((seq, id_, raw, envelope))
+        previous = seq
+    if bad:
+        lost.append((previous + 1, last))
+    return found, [(a, b) for a, b in lost if a <= b]
 
 
 def _envelope_check() -> Callable[[tuple[Any, ...]], dict[str, Any] | None]:
