@@ -868,10 +868,10 @@ async def test_writes_go_on_between_the_steps_of_a_long_prune(
         journaled_at.append(("prune", trio.from_thread.run_sync(watermark)))
         return step(target)
 
-    def vacuuming() -> int:
+    def vacuuming(retention: Retention) -> int:
         trio.from_thread.run_sync(h.publish)  # and another while the pages go back
         journaled_at.append(("vacuum", trio.from_thread.run_sync(watermark)))
-        return vacuum_step()
+        return vacuum_step(retention)
 
     monkeypatch.setattr(h.journal.file, "prune_step", stepping)
     monkeypatch.setattr(h.journal.file, "vacuum_step", vacuuming)

@@ -535,7 +535,10 @@ class Journal:
                     await self._write_between()
                 left: int | None = None
                 while True:  # until no page is left, or a file without auto_vacuum gives none
-                    was, left = left, await trio.to_thread.run_sync(self.file.vacuum_step)
+                    was, left = (
+                        left,
+                        await trio.to_thread.run_sync(self.file.vacuum_step, self.retention),
+                    )
                     if left in (0, was):
                         break
                     await self._write_between()

@@ -51,7 +51,7 @@ from .journalrows import (
     _spans,
     session_row,
 )
-from .journalstore import last_before, read_events, rebuild, split_row, store
+from .journalstore import forget, last_before, read_events, rebuild, split_row, store
 from .journalunits import parse_duration, parse_size
 
 __all__ = [
@@ -504,7 +504,7 @@ class JournalFile:
             conn.execute("DELETE FROM batches WHERE first_seq <= ?", (upto,))
             if rest is not None:
                 conn.execute("INSERT INTO batches VALUES (?, ?, ?)", rest)
-            conn.executemany("DELETE FROM ids WHERE id = ?", [(i,) for i in ids])
+            forget(conn, ids)
             conn.execute("DELETE FROM lost WHERE to_seq <= ?", (upto,))
             conn.execute("DELETE FROM sessions WHERE last_seq <= ?", (upto,))
             conn.execute("DELETE FROM spans WHERE last_seq <= ?", (upto,))
@@ -520,15 +520,28 @@ class JournalFile:
             raise
         return upto, removed
 
-    def vacuum_step(self) -> int:
-        """Give up to ``_VACUUM_PAGES`` freed pages back to the file system; the free pages left.
+    def vacuum_step(self, retention: Retention | None = None) -> int:
+        """Give up to ``_VACUUM_PAGES`` freed pages back to the file system; the pages left
+        to give back.
 
         In steps, as the prune's deletes are: a full journal frees some 100 MiB
-        at once, which takes the thread about half a second to give back.
+        at once, which takes the thread about half a second to give back. Under
+        a ``max_size`` it keeps up to a tenth of it (what a size prune frees)
+        for the next events to fill: a full journal would otherwise shrink at
+        each prune and grow back at once, paying for both.
         """
+        conn = self._conn
+        free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        keep = 0
+        if retention is not None and retention.max_size is not None:
+            page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            keep = int(retention.max_size * (1 - _SIZE_TARGET)) // page_size
+        pages = min(_VACUUM_PAGES, free - keep)
+        if pages <= 0:
+            return 0
         # executescript steps it to the end; execute() would free a single page.
-        self._conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")
-        return int(self._conn.execute("PRAGMA freelist_count").fetchone()[0])
+        conn.executescript(f"PRAGMA incremental_vacuum({pages});")
+        return max(0, int(conn.execute("PRAGMA freelist_count").fetchone()[0]) - keep)
 
     def checkpoint(self) -> int:
         """Copy the WAL into the file (never waiting on readers); the size after."""

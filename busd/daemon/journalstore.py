@@ -30,6 +30,7 @@ from .journalrows import BATCH_TABLES, SPANS_TABLE, EventHead, event_head
 __all__ = [
     "ROW_EVENTS",
     "Stored",
+    "forget",
     "last_before",
     "read_events",
     "rebuild",
@@ -113,6 +114,19 @@ def store(
         row = (seqs[start], seqs[stop - 1], _encode(raws[start:stop]))
         conn.execute("INSERT INTO batches VALUES (?, ?, ?)", row)
     return count
+
+
+@cache
+def _delete_ids(rows: int) -> str:
+    return f"DELETE FROM ids WHERE id IN ({', '.join('?' * rows)})"
+
+
+def forget(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
+    """Delete the ids of removed events, many per statement."""
+    start = 0
+    for size in _chunks(len(ids)):
+        conn.execute(_delete_ids(size), ids[start : start + size])
+        start += size
 
 
 def split_row(
