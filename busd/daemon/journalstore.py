@@ -258,11 +258,10 @@ def last_before(conn: sqlite3.Connection, cutoff: float) -> int | None:
             (seq,),
         ).fetchone()
         heads: list[EventHead] = []
-        for raw in _array(blob):
-            try:
-                heads.append(event_head(raw))
-            except msgspec.DecodeError:
-                continue
+        with contextlib.suppress(msgspec.DecodeError):  # a damaged row: no times to go by
+            for raw in _array(blob):
+                with contextlib.suppress(msgspec.DecodeError):
+                    heads.append(event_head(raw))
         return int(first), heads
 
     def starts_before(seq: int) -> tuple[int, bool]:
