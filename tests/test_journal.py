@@ -1309,7 +1309,10 @@ async def test_a_slow_disk_slows_publishers_instead_of_losing_their_events(
                 gate.opened.set()
             head = server.daemon.bus.head_seq
             await journal.journaled(head)
-        assert journal.statistics()["lost"] == 0
+        stats = journal.statistics()
+        assert stats["lost"] == 0
+        assert stats["held"] >= 1  # status says publishers waited, and how long
+        assert stats["held_s"] > 0
     with JournalReader(tmp_path / "j.sqlite3") as reader:
         assert [r[0] for r in reader.page(0, head, limit=10_000).rows] == list(range(1, head + 1))
 
@@ -1328,6 +1331,7 @@ async def test_a_stuck_disk_holds_publishers_back_only_for_a_while(
                 await publish_texts(client, 3000)  # done while the disk is still stuck
                 await client.request(Status())
             assert journal.pending <= 400
+            assert journal.statistics()["held_s"] >= journal.max_wait
             assert journal.statistics()["lost"] > 0
             gate.opened.set()
             head = server.daemon.bus.head_seq

@@ -171,6 +171,8 @@ class _Counters:
     lost: int = 0
     duplicates: int = 0
     write_errors: int = 0
+    held: int = 0
+    held_s: float = 0.0
     events: int = 0
     bytes: int = 0
     floor: int = 0
@@ -345,9 +347,14 @@ class Journal:
         next write succeeds: the live stream does not stop for it, and what
         does not fit in ``max_pending`` is recorded as lost.
         """
+        if not self.congested:
+            return
+        self._counters.held += 1
+        started = trio.current_time()
         with trio.move_on_after(self.max_wait) as scope:
             while self.congested:
                 await self._written.wait()
+        self._counters.held_s += trio.current_time() - started
         if scope.cancelled_caught and not self._stalled:
             self._stalled = True
             logger.warning("the journal has not written for %.1f s", self.max_wait)
@@ -638,6 +645,8 @@ class Journal:
             "lost": c.lost,
             "duplicates": c.duplicates,
             "write_errors": c.write_errors,
+            "held": c.held,
+            "held_s": round(c.held_s, 3),
             "max_age_s": self.retention.max_age,
             "max_size": self.retention.max_size,
         }

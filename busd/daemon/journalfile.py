@@ -51,7 +51,7 @@ from .journalrows import (
     _spans,
     session_row,
 )
-from .journalstore import forget, last_before, read_events, rebuild, split_row, store
+from .journalstore import last_before, read_events, rebuild, remove, store
 from .journalunits import parse_duration, parse_size
 
 __all__ = [
@@ -477,34 +477,12 @@ class JournalFile:
         """Remove about ``_PRUNE_CHUNK`` events at or below ``target``: (new floor, removed).
 
         Whole batch rows go, with their ids; a row that reaches past
-        ``target`` is written again without the events up to it.
+        ``target`` is written again without the events up to it (:func:`remove`).
         """
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            upto, removed, ids, rest = target, 0, [], None
-            cursor = conn.execute(
-                "SELECT first_seq, last_seq, envelopes FROM batches WHERE first_seq <= ? "
-                "ORDER BY first_seq",
-                (target,),
-            )
-            for _, last, blob in cursor:
-                count, row_ids, rest = split_row(blob, last, target)
-                removed += count
-                ids += row_ids
-                if last > target or removed >= _PRUNE_CHUNK:
-                    upto = min(last, target)
-                    if last > target and rest is None:  # its later events could not be read
-                        conn.execute(
-                            "INSERT OR REPLACE INTO lost VALUES (?, ?, 'damaged')",
-                            (target + 1, last),
-                        )
-                    break
-            cursor.close()
-            conn.execute("DELETE FROM batches WHERE first_seq <= ?", (upto,))
-            if rest is not None:
-                conn.execute("INSERT INTO batches VALUES (?, ?, ?)", rest)
-            forget(conn, ids)
+            upto, removed = remove(conn, target, _PRUNE_CHUNK)
             conn.execute("DELETE FROM lost WHERE to_seq <= ?", (upto,))
             conn.execute("DELETE FROM sessions WHERE last_seq <= ?", (upto,))
             conn.execute("DELETE FROM spans WHERE last_seq <= ?", (upto,))

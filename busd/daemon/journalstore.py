@@ -30,11 +30,10 @@ from .journalrows import BATCH_TABLES, SPANS_TABLE, EventHead, event_head
 __all__ = [
     "ROW_EVENTS",
     "Stored",
-    "forget",
     "last_before",
     "read_events",
     "rebuild",
-    "split_row",
+    "remove",
     "store",
 ]
 
@@ -121,7 +120,7 @@ def _delete_ids(rows: int) -> str:
     return f"DELETE FROM ids WHERE id IN ({', '.join('?' * rows)})"
 
 
-def forget(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
+def _forget(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
     """Delete the ids of removed events, many per statement."""
     start = 0
     for size in _chunks(len(ids)):
@@ -129,7 +128,7 @@ def forget(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
         start += size
 
 
-def split_row(
+def _split_row(
     blob: bytes, last: int, upto: int
 ) -> tuple[int, list[str], tuple[int, int, bytes] | None]:
     """A batch row (``last``: its last seq) cut at ``upto`` for retention: the events
@@ -164,6 +163,39 @@ def split_row(
             continue
     rest = (seqs[0], seqs[-1], _encode(kept)) if kept else None
     return len(raws) - len(kept), ids, rest
+
+
+def remove(conn: sqlite3.Connection, target: int, chunk: int) -> tuple[int, int]:
+    """Remove about ``chunk`` events at or below ``target``, in the caller's transaction:
+    the last seq it removed through, and the events removed.
+
+    Whole rows go, with their ids; a row that reaches past ``target`` is
+    written again without the events up to it (and what it could not read
+    after ``target`` is recorded lost, reason ``damaged``).
+    """
+    upto, removed, ids, rest = target, 0, [], None
+    cursor = conn.execute(
+        "SELECT first_seq, last_seq, envelopes FROM batches WHERE first_seq <= ? "
+        "ORDER BY first_seq",
+        (target,),
+    )
+    for _, last, blob in cursor:
+        count, row_ids, rest = _split_row(blob, last, target)
+        removed += count
+        ids += row_ids
+        if last > target or removed >= chunk:
+            upto = min(last, target)
+            if last > target and rest is None:  # its later events could not be read
+                conn.execute(
+                    "INSERT OR REPLACE INTO lost VALUES (?, ?, 'damaged')", (target + 1, last)
+                )
+            break
+    cursor.close()
+    conn.execute("DELETE FROM batches WHERE first_seq <= ?", (upto,))
+    if rest is not None:
+        conn.execute("INSERT INTO batches VALUES (?, ?, ?)", rest)
+    _forget(conn, ids)
+    return upto, removed
 
 
 # -- reading -----------------------------------------------------------------------

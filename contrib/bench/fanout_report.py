@@ -109,6 +109,11 @@ def journal_line(status: dict[str, Any]) -> str:
         f"busd's journal at the end: {held}, journaled_seq {status['journaled_seq']:,} of head "
         f"{status['head_seq']:,}, lost {status['lost']:,}"
         + ("" if not status["lost"] else " (it fell behind: not every event kept)")
+        + (
+            f"; publishers waited for it {status['held']:,} times, {status['held_s']:.1f} s in all"
+            if status.get("held")
+            else ""
+        )
     )
 
 
