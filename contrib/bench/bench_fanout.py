@@ -531,8 +531,10 @@ def main() -> None:
                             window_ms=variant.window_ms,
                         )
                         runs.setdefault((variant, n), []).append(outcome)
+                        server_us = outcome.cpu_server / events * 1e6
                         print(
-                            f"  round {round_number}: {variant.label}, {n} sub: {outcome.cell()}",
+                            f"  round {round_number}: {variant.label}, {n} sub: {outcome.cell()}"
+                            f" (server {server_us:.1f} us/event)",
                             file=sys.stderr,
                         )
             throughput = {key: best(outcomes) for key, outcomes in runs.items()}
