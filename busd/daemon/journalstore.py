@@ -1,13 +1,14 @@
 """How the journal stores events: schema 3's batches, and the rows of schemas 1 and 2.
 
-Schema 3 stores what one stage or write inserts as one row of ``batches``:
-its first and last seq and the msgpack array of its envelopes, each the
-bytes the daemon sent. SQLite's work is per row (about 3 µs in a WAL file
-whatever the row holds), so one row per event cost the writer thread most
-of its CPU; one row per write (at most 256 events) halves it (docs/performance.md, "What a
-schema 3 could take off the writer"). ``ids`` keeps every stored event's id
-with its seq, so a copy that a bridge loops back is still refused, as
-schema 2's unique column refused it.
+Schema 3 stores what one stage or write inserts as one row of ``batches``
+(several past 256 events, so that a damaged page loses no more): its
+first and last seq and the msgpack array of its envelopes, each the bytes
+the daemon sent. SQLite's work is per row, whatever the row holds, so a
+row per event was most of the writer thread's CPU; a row per write takes
+about a quarter off the write (docs/performance.md, "Schema 3: a row per
+write"). ``ids`` keeps every stored event's id with its seq, so a copy
+that a bridge loops back is still refused, as schema 2's unique column
+refused it.
 
 Schemas 1 and 2 stored one ``events`` row per event: readers read those
 files as they are (:func:`read_events`), and a writer rebuilds them as
