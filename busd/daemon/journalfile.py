@@ -393,7 +393,7 @@ class JournalFile:
     def _insert(
         self, envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw], start: int
     ) -> int:
-        """``envelopes[start:]`` as one batch row (copies left out); how many went in."""
+        """``envelopes[start:]`` as batch rows (copies left out); how many went in."""
         if start:
             envelopes, raws = envelopes[start:], raws[start:]
         if not envelopes:
@@ -445,8 +445,7 @@ class JournalFile:
         Over ``max_size``, the oldest events go until the file is about
         ``_SIZE_TARGET`` of it (estimated from the average event); ``again``
         (a further round) prunes whenever the file is still over that target.
-        Whole batch rows go: for age, those whose every event is older than
-        ``max_age``; for size, up to the end of the row the estimate falls in.
+        The target may fall inside a batch row: :meth:`prune_step` cuts it there.
         """
         conn = self._conn
         meta = self._meta()
