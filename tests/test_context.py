@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import tracemalloc
 from itertools import count
 
 import pytest
@@ -524,3 +525,44 @@ def test_a_run_of_deltas_at_once_is_each_delta_in_turn(
     for registry in (one, many):
         registry.window("s1").observe(env(TurnEnd(finish_reason="cancelled")))
     assert many.window("s1").snapshot() == one.window("s1").snapshot()
+
+
+def test_a_message_that_streams_without_end_keeps_bounded_text() -> None:
+    """A stream that never ends its turn (a benchmark's, a stuck agent's) held every delta's
+    text until then: the daemon grew by ~160 bytes an event. Now a message keeps a count and
+    at most FOLD_CHARS of text, and a cut-short call still counts all of it."""
+    from busd.core.partial import FOLD_CHARS, MAX_OPEN
+
+    context = ContextWindow()
+    context.record_call(call(1_000, 10))
+    context.observe(env(TurnStart()))
+    deltas = [f"word{i} and some more text, " for i in range(20_000)]  # ~560,000 chars
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for text in deltas:
+            context.observe(env(TextDelta(message_id="m", text=text)))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 << 10  # the deltas' own strings were 1.3 MB kept alive before
+    assert context._pending.held_chars() < FOLD_CHARS
+    context.observe(env(TurnEnd(finish_reason="cancelled")))
+    chunks, text, size = [], "", 0  # the estimate is of FOLD_CHARS-sized stretches
+    for delta in deltas:
+        text += delta
+        size += len(delta)
+        if size >= FOLD_CHARS:
+            chunks.append(text)
+            text, size = "", 0
+    partial = sum(estimate_tokens(c) for c in [*chunks, text])
+    assert context.used == 1_010 + partial
+    assert abs(partial - estimate_tokens("".join(deltas))) <= 0.01 * partial  # close to one pass
+
+    many = ContextWindow()
+    many.observe(env(TurnStart()))
+    for i in range(MAX_OPEN * 4):  # open messages, none completed
+        many.observe(env(TextDelta(message_id=f"m{i}", text="Half of a sentence")))
+    assert len(many._pending._messages) == MAX_OPEN
+    many.observe(env(TurnEnd(finish_reason="cancelled")))
+    assert many.used == MAX_OPEN * 4 * estimate_tokens("Half of a sentence")

@@ -55,6 +55,7 @@ from .events import (
     Usage,
     UserPrompt,
 )
+from .partial import PartialTexts
 from .usage import tokens_max, tokens_minus
 from .windows import ModelWindows
 
@@ -187,7 +188,7 @@ class ContextWindow:
         self._turn_open = False
         self._turn_usage = False
         self._compacted_in_turn = False  # the call's usage is a billed sum, not the context
-        self._pending: dict[str, list[str]] = {}  # streamed text of this call not yet complete
+        self._pending = PartialTexts()  # streamed text of this call not yet complete
 
     # -- reading -----------------------------------------------------------
 
@@ -444,18 +445,14 @@ class ContextWindow:
         event = envelope.event
         if type(event) is TextDelta:
             if not self._turn_usage and event.text:
-                pending = self._pending.get(event.message_id)
-                if pending is None:
-                    self._pending[event.message_id] = [event.text]
-                else:
-                    pending.append(event.text)
+                self._pending.add(event.message_id, (event.text,))
         elif type(event) is ToolComplete:
             # A tool result is input of the next call, whatever the turn state.
             self.add_message(event.output or event.error or "")
         elif type(event) is Usage:
             self._usage(event.tokens)
         elif type(event) is TextComplete:
-            self._pending.pop(event.message_id, None)
+            self._pending.discard(event.message_id)
             if not self._turn_usage:  # after the usage, it is in last_output
                 self.add_message(event.text)
         elif type(event) is ToolStart:
@@ -497,16 +494,12 @@ class ContextWindow:
             return
         texts = list(filter(None, texts))
         if texts:
-            pending = self._pending.get(message_id)
-            if pending is None:
-                self._pending[message_id] = texts
-            else:
-                pending += texts
+            self._pending.add(message_id, texts)
 
     def _end_turn(self, *, cancelled: bool) -> None:
         if cancelled and not self._turn_usage:
             # The partial answer stays in the transcript: estimate it in one pass.
-            self.cancelled("".join("".join(texts) for texts in self._pending.values()))
+            self.cancelled(self._pending.tokens())
         self._prediction = None
         self._pending.clear()
         self._turn_open = False
