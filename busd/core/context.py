@@ -498,7 +498,7 @@ class ContextWindow:
 
     def _end_turn(self, *, cancelled: bool) -> None:
         if cancelled and not self._turn_usage:
-            # The partial answer stays in the transcript: estimate it in one pass.
+            # The partial answer stays in the transcript: what it streamed, estimated.
             self.cancelled(self._pending.tokens())
         self._prediction = None
         self._pending.clear()
