@@ -192,7 +192,8 @@ async def asked_and_decided(
     assert [t.text for t in live.of(state.run_id, TextComplete)] == [SAID, ANSWER]
     assert opencode.url is not None
     theirs = await reported(opencode.url)
-    assert counts(finished.usage) == counts(theirs) == served(standin) == (25, 45, 1500, 5000)
+    # Exact, whichever place the title call took among the stand-in's calls (it is not counted).
+    assert counts(finished.usage) == counts(theirs) == served(standin)
     assert finished.usage.cost_usd == pytest.approx(theirs.cost_usd, abs=1e-12)
     return asked, resolved, done
 
