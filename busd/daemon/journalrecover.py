@@ -27,9 +27,7 @@ from .journalcheck import integrity_problems
 from .journalfile import JournalError, JournalFile
 from .journallock import JournalLock, LockHeld
 from .journalrows import UPSERT_SPAN
-from .journalstore import store
-
-_array = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+from .journalstore import row_items, store
 
 __all__ = ["Recovered", "check", "recover"]
 
@@ -219,30 +217,17 @@ def _batch(
     blob: Any,
     envelope_of: Callable[[tuple[Any, ...]], dict[str, Any] | None],
 ) -> tuple[list[tuple[int, str, Any, dict[str, Any]]], list[tuple[int, int]]]:
-    """A batch row's envelopes that decode (seq, id, bytes, envelope), and the seqs it lost:
-    all of them if the row does not decode, else those between an envelope that does not
-    and its readable neighbours."""
-    try:
-        raws = _array(blob)
-    except (msgspec.DecodeError, TypeError):
-        return [], [(first, last)]
-    found = []
-    lost: list[tuple[int, int]] = []
-    previous, bad = first - 1, False
-    for raw in raws:
+    """A batch row's envelopes that decode (seq, id, bytes, envelope), and the seqs it lost."""
+
+    def read(raw: msgspec.Raw) -> tuple[int, tuple[str, dict[str, Any]]] | None:
         envelope = envelope_of((None, None, raw))
         seq, id_ = (None, None) if envelope is None else (envelope.get("seq"), envelope.get("id"))
         if envelope is None or not isinstance(seq, int) or not isinstance(id_, str):
-            bad = True
-            continue
-        if bad:
-            lost.append((previous + 1, seq - 1))
-            bad = False
-        found.append((seq, id_, raw, envelope))
-        previous = seq
-    if bad:
-        lost.append((previous + 1, last))
-    return found, [(a, b) for a, b in lost if a <= b]
+            return None
+        return seq, (id_, envelope)
+
+    found, lost = row_items(first, last, blob, read)
+    return [(seq, id_, raw, envelope) for seq, raw, (id_, envelope) in found], lost
 
 
 def _envelope_check() -> Callable[[tuple[Any, ...]], dict[str, Any] | None]:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from itertools import chain
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -35,13 +35,14 @@ __all__ = [
     "read_events",
     "rebuild",
     "remove",
+    "row_items",
     "store",
 ]
 
 ROW_EVENTS: Final = 256
 """Events per batch row at most: what a damaged page can take with it (``busd journal recover``)."""
 _IDS_PER_INSERT = 256  # ids per INSERT statement (2 parameters each)
-_REBUILD_BATCH = 1_000  # events per row when a schema 1 or 2 file is rebuilt
+_REBUILD_BATCH = 1_000  # old rows read at a time when a schema 1 or 2 file is rebuilt
 _FETCH = 8  # batch rows fetched at a time by a reader
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -65,6 +66,12 @@ Stored = tuple[EventHead, bytes]
 @cache
 def _insert_ids(rows: int) -> str:
     return "INSERT OR IGNORE INTO ids VALUES " + ", ".join(["(?, ?)"] * rows)
+
+
+@cache
+def _marks(rows: int) -> str:
+    """``?, ?, ...``: an ``IN`` list of ``rows`` parameters (few sizes: :func:`_chunks`)."""
+    return ", ".join("?" * rows)
 
 
 def _chunks(count: int) -> Iterator[int]:
@@ -100,7 +107,7 @@ def store(
             chunk = ids[start:stop]
             owners = dict(
                 conn.execute(
-                    f"SELECT id, seq FROM ids WHERE id IN ({', '.join('?' * size)})", chunk
+                    f"SELECT id, seq FROM ids WHERE id IN ({_marks(size)})", chunk
                 ).fetchall()
             )
             copies.update(i for i in range(start, stop) if owners.get(ids[i]) != seqs[i])
@@ -116,16 +123,11 @@ def store(
     return count
 
 
-@cache
-def _delete_ids(rows: int) -> str:
-    return f"DELETE FROM ids WHERE id IN ({', '.join('?' * rows)})"
-
-
 def _forget(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
     """Delete the ids of removed events, many per statement."""
     start = 0
     for size in _chunks(len(ids)):
-        conn.execute(_delete_ids(size), ids[start : start + size])
+        conn.execute(f"DELETE FROM ids WHERE id IN ({_marks(size)})", ids[start : start + size])
         start += size
 
 
@@ -202,37 +204,64 @@ def remove(conn: sqlite3.Connection, target: int, chunk: int) -> tuple[int, int]
 # -- reading -----------------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
+def row_items(
+    first: int, last: int, blob: Any, decode: Callable[[msgspec.Raw], tuple[int, T] | None]
+) -> tuple[list[tuple[int, msgspec.Raw, T]], list[tuple[int, int]]]:
+    """A batch row's envelopes that ``decode`` reads (seq, bytes, value), and the seqs it lost.
+
+    A row that does not decode loses its whole range; an envelope that does
+    not (``decode`` gives ``None``), the seqs between its readable neighbours.
+    """
+    try:
+        raws = _array(blob)
+    except (msgspec.DecodeError, TypeError):
+        return [], [(first, last)]
+    found: list[tuple[int, msgspec.Raw, T]] = []
+    lost: list[tuple[int, int]] = []
+    previous, bad = first - 1, False
+    for raw in raws:
+        item = decode(raw)
+        if item is None:
+            bad = True
+            continue
+        seq, value = item
+        if bad:
+            lost.append((previous + 1, seq - 1))
+            bad = False
+        found.append((seq, raw, value))
+        previous = seq
+    if bad:
+        lost.append((previous + 1, last))
+    return found, [(a, b) for a, b in lost if a <= b]
+
+
+def _head(raw: msgspec.Raw) -> tuple[int, EventHead] | None:
+    try:
+        head = event_head(raw)
+    except msgspec.DecodeError:
+        return None
+    return head.seq, head
+
+
 def _batch_events(
     first: int, last: int, blob: bytes, low: int, high: int, out: list[Stored]
 ) -> list[tuple[int, int]]:
-    """A batch row's events with ``low < seq <= high`` into ``out``; the seqs it could not read.
-
-    A row that does not decode loses its whole range; an envelope that does
-    not, the seqs between its readable neighbours.
-    """
-    lo, hi = max(first, low + 1), min(last, high)
+    """A batch row's events with ``low < seq <= high`` into ``out``; the seqs of them it lost."""
     try:
         raws = _array(blob)
-    except msgspec.DecodeError:
-        return [(lo, hi)] if lo <= hi else []
-    damaged: list[tuple[int, int]] = []
-    previous, bad = first - 1, False
-    for raw in raws:
-        try:
-            head = event_head(raw)
-        except msgspec.DecodeError:
-            bad = True
-            continue
-        seq = head.seq
-        if bad:
-            damaged.append((max(previous + 1, lo), min(seq - 1, hi)))
-            bad = False
-        previous = seq
-        if low < seq <= high:
-            out.append((head, bytes(raw)))
-    if bad:
-        damaged.append((max(previous + 1, lo), hi))
-    return [(a, b) for a, b in damaged if a <= b]
+        heads = [event_head(raw) for raw in raws]
+    except msgspec.DecodeError:  # damaged: read what can be, envelope by envelope
+        pass
+    else:
+        out.extend((h, bytes(r)) for h, r in zip(heads, raws, strict=True) if low < h.seq <= high)
+        return []
+    found, lost = row_items(first, last, blob, _head)
+    out.extend((head, bytes(raw)) for seq, raw, head in found if low < seq <= high)
+    clipped = ((max(a, low + 1), min(b, high)) for a, b in lost)
+    return [(a, b) for a, b in clipped if a <= b]
 
 
 def read_events(
