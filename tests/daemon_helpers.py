@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
 from busd.core.accounting import Accountant
 from busd.core.catalog import Catalog
+from busd.core.events import Envelope
 from busd.daemon.endpoint import Endpoint
 from busd.daemon.hub import Daemon, DaemonConfig
 from busd.daemon.server import Server
@@ -29,6 +31,12 @@ from busd.wire import (
     encode_frame,
     server_frame_decoder,
 )
+
+
+def accepted(daemon: Daemon, since: int = 0) -> list[Envelope[Any]]:
+    """The envelopes the daemon's replay ring holds after ``since``, decoded from its bytes."""
+    decoder = msgspec.msgpack.Decoder(daemon.catalog.envelope_type())
+    return [decoder.decode(raw) for raw in daemon.history.since(since).raws]
 
 
 @asynccontextmanager

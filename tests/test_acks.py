@@ -32,7 +32,7 @@ from busd.wire import (
     Publish,
     Reply,
 )
-from tests.daemon_helpers import BUSD, RawClient, running_daemon, serving
+from tests.daemon_helpers import BUSD, RawClient, accepted, running_daemon, serving
 
 
 @pytest.fixture
@@ -181,7 +181,7 @@ async def test_too_many_waiting_acks_refuse_the_frame_whole(
         opened.set()
         answers = {(await raw.receive()).id for _ in range(2)}  # type: ignore[union-attr]
         assert answers == {1, 2}
-        published = [type(e.event) for e in server.daemon.history.since(before).envelopes]
+        published = [type(e.event) for e in accepted(server.daemon, before)]
         assert published.count(SessionIdle) == 2  # the refused frame published nothing
         await raw.aclose()
 

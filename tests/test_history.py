@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import gc
+import itertools
+
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from busd.core.events import Envelope, Event, TextDelta
-from busd.core.history import History
+from busd.core.history import RECENT, History, Replay
 from busd.wire import encode_envelope
 
 _DECODE = msgspec.msgpack.Decoder(Envelope[TextDelta])
@@ -24,14 +27,16 @@ def filled(capacity: int, seqs: list[int] | range, *, first_seq: int = 1) -> His
     return history
 
 
-def seqs_of(envelopes: list[Envelope[Event]]) -> list[int]:
-    return [e.seq for e in envelopes]
+def seqs_of(replay: Replay) -> list[int]:
+    """The replay's seqs, checked against the bytes it carries."""
+    assert [_DECODE.decode(raw).seq for raw in replay.raws] == replay.seqs
+    return replay.seqs
 
 
 def test_an_empty_history_replays_nothing_and_reports_no_gap() -> None:
     replay = History(10).since(0)
 
-    assert replay.envelopes == []
+    assert replay.seqs == []
     assert replay.raws == []
     assert replay.gap is None
     assert not replay.ahead
@@ -43,8 +48,8 @@ def test_resuming_a_few_events_back_returns_them_in_order_with_their_encodings()
 
     replay = history.since(47)
 
-    assert seqs_of(replay.envelopes) == [48, 49, 50]
-    assert [_DECODE.decode(raw).seq for raw in replay.raws] == [48, 49, 50]
+    assert seqs_of(replay) == [48, 49, 50]
+    assert replay.raws == [encode_envelope(env(seq)) for seq in (48, 49, 50)]
     assert replay.gap is None
     assert replay.head_seq == 50
 
@@ -54,7 +59,7 @@ def test_resuming_from_the_head_returns_nothing() -> None:
 
     replay = history.since(5)
 
-    assert replay.envelopes == []
+    assert replay.seqs == []
     assert replay.gap is None
     assert not replay.ahead
 
@@ -65,7 +70,7 @@ def test_resuming_from_before_the_oldest_held_event_reports_the_evicted_range() 
     replay = history.since(2)
 
     assert replay.gap == (3, 7)
-    assert seqs_of(replay.envelopes) == [8, 9, 10]
+    assert seqs_of(replay) == [8, 9, 10]
 
 
 def test_resuming_right_before_the_oldest_held_event_has_no_gap() -> None:
@@ -74,7 +79,7 @@ def test_resuming_right_before_the_oldest_held_event_has_no_gap() -> None:
     replay = history.since(7)
 
     assert replay.gap is None
-    assert seqs_of(replay.envelopes) == [8, 9, 10]
+    assert seqs_of(replay) == [8, 9, 10]
 
 
 def test_a_since_seq_past_the_head_is_reported_as_ahead_with_nothing_replayed() -> None:
@@ -83,7 +88,7 @@ def test_a_since_seq_past_the_head_is_reported_as_ahead_with_nothing_replayed() 
     replay = history.since(42)
 
     assert replay.ahead
-    assert replay.envelopes == []
+    assert replay.seqs == []
     assert replay.gap is None
     assert replay.head_seq == 5
 
@@ -94,8 +99,8 @@ def test_seqs_skipped_by_the_server_are_holes_not_gaps() -> None:
     replay = history.since(0)
 
     assert replay.gap is None
-    assert seqs_of(replay.envelopes) == [5, 9, 10, 20]
-    assert seqs_of(history.since(9).envelopes) == [10, 20]
+    assert seqs_of(replay) == [5, 9, 10, 20]
+    assert seqs_of(history.since(9)) == [10, 20]
 
 
 def test_seqs_before_first_seq_belong_to_an_earlier_daemon_and_are_a_gap() -> None:
@@ -104,7 +109,7 @@ def test_seqs_before_first_seq_belong_to_an_earlier_daemon_and_are_a_gap() -> No
     replay = history.since(500)
 
     assert replay.gap == (501, 999)
-    assert seqs_of(replay.envelopes) == [1000, 1001, 1002]
+    assert seqs_of(replay) == [1000, 1001, 1002]
 
 
 def test_an_empty_history_started_late_reports_everything_before_it_as_lost() -> None:
@@ -175,15 +180,14 @@ def test_since_returns_exactly_the_held_events_after_seq_and_the_gap_covers_the_
 
     assert len(history) == len(held) <= capacity
     assert history.oldest_seq == (held[0] if held else None)
-    assert seqs_of(replay.envelopes) == [s for s in held if s > probe]
-    assert [_DECODE.decode(raw).seq for raw in replay.raws] == seqs_of(replay.envelopes)
+    assert seqs_of(replay) == [s for s in held if s > probe]
     lost = [s for s in evicted if s > probe]
     if not lost:
         assert replay.gap is None
     else:
         assert replay.gap == (probe + 1, held[0] - 1)
     assert replay.ahead == (probe > history.head_seq)
-    assert history.since(history.head_seq).envelopes == []
+    assert history.since(history.head_seq).seqs == []
 
 
 @given(capacity=st.integers(1, 12), count=st.integers(0, 40), probe=st.integers(0, 45))
@@ -239,3 +243,79 @@ def test_extend_refuses_a_run_that_does_not_follow_and_keeps_nothing() -> None:
     with pytest.raises(ValueError, match="2 envelopes but 1 encodings"):
         history.extend([env(4), env(5)], [raw(4)])
     assert history.statistics() == before
+
+
+def big(seq: int) -> Envelope[Event]:
+    return Envelope(seq, float(seq), TextDelta(message_id="m", text=str(seq) * 5000), "s1")
+
+
+def test_replays_read_the_right_bytes_across_pages_and_the_wrap() -> None:
+    """Encodings of ~20 KB fill a page every few events; the ring wraps many times."""
+    history = History(7)
+    envelopes = [big(seq) for seq in range(1, 41)]
+    history.extend(envelopes[:13], [encode_envelope(e) for e in envelopes[:13]])
+    for envelope in envelopes[13:]:
+        history.append(envelope, encode_envelope(envelope))
+
+    replay = history.since(30)
+
+    assert replay.seqs == [34, 35, 36, 37, 38, 39, 40]
+    assert replay.gap == (31, 33)
+    assert replay.raws == [encode_envelope(e) for e in envelopes[33:]]
+
+
+@given(
+    capacity=st.integers(1, 12),
+    runs=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 9)), max_size=12),
+)
+def test_raw_of_finds_exactly_the_recent_envelopes_by_identity(
+    capacity: int, runs: list[tuple[int, int]]
+) -> None:
+    """Only a published envelope's own bytes; with contiguous seqs, for each of the last
+    ``capacity`` (fewer than RECENT), and for no older one."""
+    history = History(capacity)
+    appended: list[Envelope[Event]] = []
+    seq = 0
+    for gap_before, length in runs:
+        seq += gap_before  # a hole before the run: slots no longer follow, the guess may miss
+        run = [env(s) for s in range(seq, seq + length)]
+        history.extend(run, [encode_envelope(e) for e in run])
+        appended += run
+        seq += length - 1
+    contiguous = all(b.seq == a.seq + 1 for a, b in itertools.pairwise(appended))
+    for i, envelope in enumerate(appended):
+        found = history.raw_of(envelope)
+        if found is not None:  # never another envelope's bytes
+            assert found == encode_envelope(envelope)
+        if contiguous:
+            assert (found is not None) == (i >= len(appended) - capacity)
+        copy = Envelope(envelope.seq, envelope.ts, envelope.event, envelope.session_id)
+        assert history.raw_of(copy) is None  # the same seq, another envelope: a merged delta
+
+
+def held_objects(history: History) -> int:
+    """The distinct objects the history's containers refer to (an array refers to none)."""
+    return len({id(o) for c in gc.get_referents(history) for o in gc.get_referents(c)})
+
+
+def full(capacity: int) -> History:
+    history = History(capacity)
+    for start in range(1, capacity + 1, 1000):
+        run = [env(s) for s in range(start, min(start + 1000, capacity + 1))]
+        history.extend(run, [encode_envelope(e) for e in run])
+    return history
+
+
+def test_the_ring_keeps_bytes_not_an_object_per_event() -> None:
+    """Past RECENT envelopes, more events held is no more objects (a page per ~64 KiB).
+
+    A ring of objects (envelope, event, strings, bytes per event) slowed every
+    allocation of a daemon the longer it ran.
+    """
+    small, large = full(RECENT * 2), full(RECENT * 6)
+
+    more = held_objects(large) - held_objects(small)
+
+    assert len(large) == RECENT * 6
+    assert more <= RECENT * 4 // 500  # the extra pages, not an object per event
+    assert seqs_of(large.since(0)) == list(range(1, RECENT * 6 + 1))

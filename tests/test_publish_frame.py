@@ -23,6 +23,7 @@ from busd.core.events import (
 )
 from busd.daemon.hub import Daemon, DaemonConfig
 from busd.wire import Outgoing
+from tests.daemon_helpers import accepted
 
 EVENTS = st.one_of(
     st.builds(lambda m, t: TextDelta(message_id=m, text=t), st.sampled_from("ab"), st.text()),
@@ -40,7 +41,7 @@ def seen(daemon: Daemon) -> list[Any]:
     """Everything the daemon accepted, derived events included, but each id and time."""
     return [
         (e.seq, e.event, e.session_id, e.run_id, e.agent_id, e.stale, e.source)
-        for e in daemon.history.since(0).envelopes
+        for e in accepted(daemon)
     ]
 
 
@@ -105,4 +106,4 @@ async def test_deltas_in_a_frame_are_one_run_each_type_and_message_in_order() ->
     ]
     daemon.publish_frame([Outgoing(event=e, session_id="s1") for e in events], source="c")
     assert runs == [[1, 2], [3], [5]]  # the turn's end went alone, in its place
-    assert [e.event for e in daemon.history.since(0).envelopes if e.source == "c"] == events
+    assert [e.event for e in accepted(daemon) if e.source == "c"] == events

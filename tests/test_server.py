@@ -66,7 +66,7 @@ from busd.wire import (
     server_frame_decoder,
 )
 
-from .daemon_helpers import RawClient, running_daemon
+from .daemon_helpers import RawClient, accepted, running_daemon
 
 
 @pytest.fixture
@@ -649,7 +649,7 @@ async def test_the_resume_seq_covers_batches_split_over_many_frames(
     assert goodbye.reason == "slow_consumer"
     assert goodbye.resume_seq is not None
     received = {e.seq for f in frames if isinstance(f, Events) for e in f.events}
-    published = [e.seq for e in daemon.history.since(0).envelopes if isinstance(e.event, TextDelta)]
+    published = [e.seq for e in accepted(daemon) if isinstance(e.event, TextDelta)]
     # Everything up to resume_seq arrived: resuming after it loses nothing.
     assert [s for s in published if s <= goodbye.resume_seq] == sorted(
         s for s in received if s <= goodbye.resume_seq

@@ -96,6 +96,7 @@ logger = logging.getLogger("busd.connection")
 _RECEIVE = 65_536
 _YIELD_EVERY = 256  # published events between two checkpoints of the reader (~1 ms)
 _EVENTS_OVERHEAD = 64  # an events frame's bytes besides its envelopes
+_REPLAY_CHUNK = 2048  # ring events cut and filtered between two checkpoints of a replay (~1 ms)
 _GOODBYE_TIMEOUT = 1.0  # how long a closing connection may take to write its last frames
 _FLUSH_TIMEOUT = 1.0  # how long a goodbye waits for the subscriptions to flush
 
@@ -532,8 +533,13 @@ class Connection:
         if resume is not None:
             if resume.journal is not None:
                 await self._replay_journal(sub, resume.journal)
-            if resume.raws and self._live(sub):
-                await self._send_events(sub, resume.seqs, resume.raws, self._since[sub])
+            for seqs, raws in resume.ring.chunks(_REPLAY_CHUNK):
+                if not self._live(sub):
+                    break
+                seqs, raws = sub.wanted(seqs, raws)
+                if seqs:
+                    await self._send_events(sub, seqs, raws, self._since[sub])
+                await trio.lowlevel.checkpoint()  # a long replay: the others go on meanwhile
             self._since.pop(sub, None)
         if not self._live(sub):
             return  # its dispatcher is closed, or is about to be: it never runs

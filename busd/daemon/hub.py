@@ -50,7 +50,7 @@ from ..core.events import (
     ThinkingDelta,
     event_type,
 )
-from ..core.history import History
+from ..core.history import History, Replay
 from ..core.permissions import PermissionRule
 from ..core.sessions import SessionRegistry
 from ..plugins.adapters import Adapter, Emitted
@@ -156,15 +156,15 @@ class Resume:
     """What a subscription resuming after ``since_seq`` gets, in this order.
 
     ``gap``: lost for good, known now (no journal); ``journal``: read from
-    the journal (it reports its own gaps); then ``seqs``/``raws`` from the
-    replay ring. When :attr:`ahead`, the client numbered by another daemon
-    life: it gets the ring from its start.
+    the journal (it reports its own gaps); then ``ring``, what the replay
+    ring holds, unfiltered (:meth:`Subscription.wanted` filters it as it is
+    sent). When :attr:`ahead`, the client numbered by another daemon life:
+    it gets the ring from its start.
     """
 
     since_seq: int
     head_seq: int
-    seqs: list[int]
-    raws: list[msgspec.Raw]
+    ring: Replay
     gap: tuple[int, int] | None = None
     journal: JournalSpan | None = None
 
@@ -531,10 +531,10 @@ class Daemon:
             self.sessions.observe(envelope)
 
     def raw(self, envelope: Envelope[Event]) -> msgspec.Raw:
-        """The envelope's bytes: those of the replay ring when it is the published one.
+        """The envelope's bytes: those the ring was given when it is a recent published one.
 
-        A merged delta (a new envelope carrying an old seq), or one the ring
-        has already let go, is encoded now.
+        A merged delta (a new envelope carrying an old seq), or one older
+        than the ring's :data:`~busd.core.history.RECENT` envelopes, is encoded now.
         """
         raw = self.history.raw_of(envelope)
         return raw if raw is not None else encode_envelope(envelope)
@@ -574,19 +574,12 @@ class Daemon:
         ahead = found.ahead
         if ahead:
             found = self.history.since(0)
-        wants = subscription.wants
-        seqs: list[int] = []
-        raws: list[msgspec.Raw] = []
-        for envelope, raw in zip(found.envelopes, found.raws, strict=True):
-            if wants(envelope):
-                seqs.append(envelope.seq)
-                raws.append(raw)
         gap = found.gap
         span = None
         if gap is not None and self.journal is not None and not ahead:
             span = self.journal.span(gap[0] - 1, gap[1])
             gap = None
-        return Resume(since_seq, found.head_seq, seqs, raws, gap, span)
+        return Resume(since_seq, found.head_seq, found, gap, span)
 
     # -- connections -----------------------------------------------------------
 

@@ -6,11 +6,14 @@ import logging
 from collections.abc import Callable, Hashable, Iterable
 from collections.abc import Set as AbstractSet
 
+import msgspec
+
 from ..core.cohorts import Cohort
 from ..core.events import Envelope, Event, event_type
 from ..core.patterns import Pattern
 from .batching import BatchDispatcher
 from .fanout import Member
+from .journalrows import event_head
 
 __all__ = ["Subscription"]
 
@@ -90,6 +93,19 @@ class Subscription:
         if self.owned_only and (stale or run_id not in self.owned):
             return False
         return self.matches(name)
+
+    def wanted(
+        self, seqs: list[int], raws: list[msgspec.Raw]
+    ) -> tuple[list[int], list[msgspec.Raw]]:
+        """The events of ``raws`` (envelopes' bytes) this subscription wants, by their heads."""
+        kept_seqs: list[int] = []
+        kept: list[msgspec.Raw] = []
+        for seq, raw in zip(seqs, raws, strict=True):
+            head = event_head(raw)
+            if self.wants_row(head.event.type, head.session_id, head.run_id, head.stale):
+                kept_seqs.append(seq)
+                kept.append(raw)
+        return kept_seqs, kept
 
     @property
     def filtered(self) -> bool:
