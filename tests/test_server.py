@@ -8,6 +8,7 @@ import struct
 import tempfile
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from socket import SO_SNDBUF, SOL_SOCKET
 from types import FunctionType
@@ -546,6 +547,41 @@ async def test_resume_from_evicted_history_reports_the_gap_first(sock_path: Path
             async with client.subscribe(["stream.session.info"], since_seq=27) as recent:
                 tail = await collect(recent, 3)
             assert [e.event for e in tail] == [SessionInfo(message=str(i)) for i in (27, 28, 29)]
+
+
+async def test_a_long_ring_replay_is_filtered_and_followed_by_live_events_once(
+    sock_path: Path,
+) -> None:
+    """A replay of several chunks (cut and filtered between checkpoints) while a publisher
+    goes on: each of the session's seqs once, in order, none of the other session's."""
+    async with (
+        running_daemon(sock_path, DaemonConfig(replay=20_000)) as server,
+        connect(sock_path, role="agent") as publisher,
+        connect(sock_path) as client,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def publish(count: int, *, end: bool = False) -> None:
+            for i in range(count):
+                await publisher.publish(SessionInfo(message=str(i)), session_id=f"s{i % 2}")
+            if end:
+                await publisher.publish(SessionInfo(message="end"), session_id="s0")
+            await publisher.flush()
+
+        await publish(6000)
+        got: list[Envelope[Event]] = []
+        async with client.subscribe([">"], since_seq=0, sessions=["s0"], window_ms=0) as sub:
+            nursery.start_soon(partial(publish, 1000, end=True))  # live while it replays
+            with trio.fail_after(20):
+                async for batch in sub:
+                    assert batch.gap is None
+                    got += batch.events
+                    if SessionInfo(message="end") in (e.event for e in batch.events):
+                        break
+        wanted = [e.seq for e in accepted(server.daemon) if e.session_id == "s0"]
+        assert [e.seq for e in got] == wanted[: len(got)]
+        assert got[-1].event == SessionInfo(message="end")
+        assert sum(isinstance(e.event, SessionInfo) for e in got) == 3501
 
 
 # -- shutdown and reconnection --------------------------------------------------------

@@ -204,12 +204,12 @@ def remove(conn: sqlite3.Connection, target: int, chunk: int) -> tuple[int, int]
 # -- reading -----------------------------------------------------------------------
 
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 def row_items(
-    first: int, last: int, blob: Any, decode: Callable[[msgspec.Raw], tuple[int, T] | None]
-) -> tuple[list[tuple[int, msgspec.Raw, T]], list[tuple[int, int]]]:
+    first: int, last: int, blob: Any, decode: Callable[[msgspec.Raw], tuple[int, _T] | None]
+) -> tuple[list[tuple[int, msgspec.Raw, _T]], list[tuple[int, int]]]:
     """A batch row's envelopes that ``decode`` reads (seq, bytes, value), and the seqs it lost.
 
     A row that does not decode loses its whole range; an envelope that does
@@ -219,7 +219,7 @@ def row_items(
         raws = _array(blob)
     except (msgspec.DecodeError, TypeError):
         return [], [(first, last)]
-    found: list[tuple[int, msgspec.Raw, T]] = []
+    found: list[tuple[int, msgspec.Raw, _T]] = []
     lost: list[tuple[int, int]] = []
     previous, bad = first - 1, False
     for raw in raws:
