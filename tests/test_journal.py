@@ -26,6 +26,8 @@ import trio
 import trio.lowlevel
 import trio.testing
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from busd.cli import main
 from busd.client import Client, connect
@@ -257,6 +259,44 @@ def test_there_is_no_journal_to_read(tmp_path: Path) -> None:
 
 
 # -- writing: batches, the watermark, restarts ------------------------------------------------
+
+
+def _queue_state(journal: Journal) -> tuple[Any, ...]:
+    """What appending changes: the queue, the lost ranges, the reservation, the wake-ups."""
+    return (
+        [e.seq for e in journal._pending],
+        [bytes(r) for r in journal._pending_raws],
+        list(journal._lost),
+        (journal._given, journal._reserve_at, journal._reserved),
+        (journal._wake.is_set(), journal._nudge.is_set()),
+        {k: v for k, v in journal.statistics().items() if k != "path"},
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(runs=st.lists(st.integers(0, 9), max_size=8), flushing=st.integers(0, 6))
+def test_extending_a_run_queues_what_appending_each_does(runs: list[int], flushing: int) -> None:
+    """The hot path's run at once, and one by one: the same queue, drops, reservations and
+    wake-ups (a full queue and a reservation inside the run included)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        options = dict(max_pending=12, batch_events=5, stage_events=3)
+        one, many = (Harness(Path(tmp) / name / "j.sqlite3", **options) for name in "ab")
+        try:
+            for h in (one, many):  # a write in flight holds some of the room
+                h.journal._flushing = [envelope(0)] * flushing
+                h.journal._reserve_at = 4  # a reservation falls due in the first runs
+            seq = 0
+            for length in runs:
+                run = [envelope(s) for s in range(seq + 1, seq + length + 1)]
+                seq += length
+                raws = [encode_envelope(e) for e in run]
+                for e, raw in zip(run, raws, strict=True):
+                    one.journal.append(e, raw)
+                many.journal.extend(run, raws)
+                assert _queue_state(many.journal) == _queue_state(one.journal)
+        finally:
+            one.journal.file.close()
+            many.journal.file.close()
 
 
 async def test_events_are_journaled_with_their_seq_id_and_bytes(jpath: Path) -> None:

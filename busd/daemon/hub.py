@@ -510,10 +510,8 @@ class Daemon:
         try:
             self.fanout.extend(envelopes, raws)  # the end of a burst: it goes out here
         finally:  # whatever the pass did: journaled and counted all the same
-            journal = self.journal
-            if journal is not None:
-                for envelope, raw in zip(envelopes, raws, strict=True):
-                    journal.append(envelope, raw)
+            if self.journal is not None:
+                self.journal.extend(envelopes, raws)
             self.sessions.observe_many(envelopes)
 
     def _on_event(self, envelope: Envelope[Event]) -> None:

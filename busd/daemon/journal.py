@@ -294,6 +294,31 @@ class Journal:
         if n == self._full_at or n == self.stage_events:
             self._nudge.set()
 
+    def extend(self, envelopes: list[Envelope[Event]], raws: list[msgspec.Raw]) -> None:
+        """:meth:`append` each of a run (in seq order) at once: a delta run's, on the hot path.
+
+        A run that needs a reservation or would not fit goes one by one.
+        """
+        if not envelopes:
+            return
+        last = envelopes[-1].seq
+        pending = self._pending
+        before = len(pending)
+        if last > self._reserve_at or before + len(self._flushing) + len(envelopes) > (
+            self.max_pending
+        ):
+            for envelope, raw in zip(envelopes, raws, strict=True):
+                self.append(envelope, raw)
+            return
+        self._given = last
+        pending += envelopes
+        self._pending_raws += raws
+        n = len(pending)
+        if not before:
+            self._wake.set()
+        if before < self._full_at <= n or before < self.stage_events <= n:
+            self._nudge.set()
+
     def _reserve_ahead(self, seq: int) -> None:
         """Seqs near what the database reserved (its writes are behind or fail): reserve more
         in the lock file, so that not even a crash now gives a seq twice."""
