@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import tracemalloc
 from itertools import count
+from unittest import mock
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from busd.core import partial
 from busd.core.context import ContextRegistry, ContextWindow
 from busd.core.estimate import estimate_json_tokens, estimate_tokens
 from busd.core.events import (
@@ -27,6 +29,7 @@ from busd.core.events import (
     TurnStart,
     Usage,
 )
+from busd.core.partial import PartialTexts
 from busd.core.windows import ModelWindows
 
 _seq = count(1)
@@ -530,13 +533,13 @@ def test_a_run_of_deltas_at_once_is_each_delta_in_turn(
 def test_a_message_that_streams_without_end_keeps_bounded_text() -> None:
     """A stream that never ends its turn (a benchmark's, a stuck agent's) held every delta's
     text until then: the daemon grew by ~160 bytes an event. Now a message keeps a count and
-    at most FOLD_CHARS of text, and a cut-short call still counts all of it."""
+    less than FOLD_CHARS of text, and a cut-short call still counts all of it."""
     from busd.core.partial import FOLD_CHARS, MAX_OPEN
 
     context = ContextWindow()
     context.record_call(call(1_000, 10))
     context.observe(env(TurnStart()))
-    deltas = [f"word{i} and some more text, " for i in range(20_000)]  # ~560,000 chars
+    deltas = [f"word{i} and some more text, " for i in range(100_000)]  # ~2.9 million chars
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -545,7 +548,7 @@ def test_a_message_that_streams_without_end_keeps_bounded_text() -> None:
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert grown < 64 << 10  # the deltas' own strings were 1.3 MB kept alive before
+    assert grown < 64 << 10  # the deltas' own strings were about 8 MB kept alive before
     assert context._pending.held_chars() < FOLD_CHARS
     context.observe(env(TurnEnd(finish_reason="cancelled")))
     chunks, text, size = [], "", 0  # the estimate is of FOLD_CHARS-sized stretches
@@ -566,3 +569,31 @@ def test_a_message_that_streams_without_end_keeps_bounded_text() -> None:
     assert len(many._pending._messages) == MAX_OPEN
     many.observe(env(TurnEnd(finish_reason="cancelled")))
     assert many.used == MAX_OPEN * 4 * estimate_tokens("Half of a sentence")
+
+
+@given(
+    st.lists(st.lists(st.text(alphabet="ab .", max_size=9), max_size=6), max_size=8),
+    st.integers(1, 12),
+)
+def test_partial_texts_fold_a_run_where_each_text_in_turn_would(
+    runs: list[list[str]], fold: int
+) -> None:
+    """Folding is found by position in a run (a bisection): the same counts and text kept
+    as the rule says text by text (a message folds once it holds ``fold`` characters), with
+    folds inside runs, at their ends and across them."""
+    model: dict[str, tuple[int, str]] = {}  # message: tokens folded, text held
+    texts = PartialTexts()
+    with mock.patch.object(partial, "FOLD_CHARS", fold):
+        for i, run in enumerate(runs):
+            message = f"m{i % 3}"
+            for text in run:
+                folded, held = model.get(message, (0, ""))
+                held += text
+                if len(held) >= fold:
+                    folded, held = folded + estimate_tokens(held), ""
+                model[message] = (folded, held)
+            texts.add(message, run)
+            assert texts.held_chars() == sum(len(held) for _, held in model.values())
+            assert texts.tokens() == sum(
+                folded + (estimate_tokens(held) if held else 0) for folded, held in model.values()
+            )
