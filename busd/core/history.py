@@ -190,7 +190,7 @@ class History:
         self._head = first_seq - 1
         self._floor = first_seq - 1  # every seq up to here is lost to replay
         self._appended = 0
-        self._base = 0  # the seq of the first append: recent slot of seq s is (s - _base) % RECENT
+        self._base = 0  # the first seq appended: seq s is in recent slot (s - _base) % len(_recent)
 
     @property
     def capacity(self) -> int:
