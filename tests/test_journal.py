@@ -1271,6 +1271,42 @@ def test_a_subscription_filters_journal_rows_as_it_filters_envelopes() -> None:
     assert [sub.wants(e) for e in cases] == [True, False, False, False, False, True, False]
 
 
+@pytest.mark.parametrize(
+    ("patterns", "sessions", "owned_only"),
+    [
+        (["stream.text.*", "busd.run.>"], ["s1"], True),
+        ([">"], None, False),  # everything: the bytes are not even decoded
+        ([">"], ["s1"], False),
+        (["stream.>"], None, False),
+    ],
+)
+def test_a_subscription_picks_from_a_rings_bytes_what_it_wants_of_envelopes(
+    patterns: list[str], sessions: list[str] | None, owned_only: bool
+) -> None:
+    sub = Subscription(
+        1,
+        1,
+        patterns,
+        sessions=sessions,
+        owned_only=owned_only,
+        dispatcher=BatchDispatcher(_nowhere),
+        owned={"r"},
+    )
+    cases = [
+        envelope(1, session="s1", run_id="r"),
+        envelope(2, session="s2", run_id="r"),
+        envelope(3, session="s1", run_id="r", stale=True),
+        envelope(4, SessionStart(), session="s1", run_id="r"),
+        envelope(5, RunFinished(status="ok", duration_s=1.0), session=None, run_id="r"),
+    ]
+    raws = [encode_envelope(e) for e in cases]
+
+    seqs, kept = sub.wanted([e.seq for e in cases], raws)
+
+    assert seqs == [e.seq for e in cases if sub.wants(e)]
+    assert kept == [raw for e, raw in zip(cases, raws, strict=True) if sub.wants(e)]
+
+
 def test_the_registry_names_the_adapter_and_says_who_changed() -> None:
     registry = SessionRegistry()
     registry.observe(envelope(1, session="a", source="client-3/claude-code"))

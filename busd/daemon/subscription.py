@@ -98,6 +98,8 @@ class Subscription:
         self, seqs: list[int], raws: list[msgspec.Raw]
     ) -> tuple[list[int], list[msgspec.Raw]]:
         """The events of ``raws`` (envelopes' bytes) this subscription wants, by their heads."""
+        if not self.filtered and any(p.text == ">" for p in self.patterns):
+            return seqs, raws  # everything: nothing to decode
         kept_seqs: list[int] = []
         kept: list[msgspec.Raw] = []
         for seq, raw in zip(seqs, raws, strict=True):
