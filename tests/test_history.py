@@ -319,3 +319,20 @@ def test_the_ring_keeps_bytes_not_an_object_per_event() -> None:
     assert len(large) == RECENT * 6
     assert more <= RECENT * 4 // 500  # the extra pages, not an object per event
     assert seqs_of(large.since(0)) == list(range(1, RECENT * 6 + 1))
+
+
+def test_a_replay_reads_what_was_held_when_it_was_taken_while_the_ring_goes_on() -> None:
+    """A replay is sent in chunks while events keep coming: the ring wrapping over the
+    replayed slots, and the page it read from growing, change nothing it reads."""
+    history = filled(50, range(1, 121))
+    replay = history.since(100)
+    history.extend([env(s) for s in range(121, 300)], [raw(s) for s in range(121, 300)])
+    for seq in range(300, 400):
+        history.append(env(seq), raw(seq))
+
+    assert [seqs for seqs, _ in replay.chunks(7)] == [
+        list(range(101, 108)),
+        list(range(108, 115)),
+        list(range(115, 121)),
+    ]
+    assert [r for _, raws in replay.chunks(3) for r in raws] == [raw(s) for s in range(101, 121)]
