@@ -1246,43 +1246,19 @@ async def _nowhere(batch: list[Envelope[Event]]) -> None:
     pass
 
 
-def test_a_subscription_filters_journal_rows_as_it_filters_envelopes() -> None:
-    sub = Subscription(
-        1,
-        1,
-        ["stream.text.*", "busd.run.>"],
-        sessions=["s1"],
-        owned_only=True,
-        dispatcher=BatchDispatcher(_nowhere),
-        owned={"r"},
-    )
-    cases = [
-        envelope(1, session="s1", run_id="r"),
-        envelope(2, session="s2", run_id="r"),
-        envelope(3, session="s1"),
-        envelope(4, session="s1", run_id="r", stale=True),
-        envelope(5, SessionStart(), session="s1", run_id="r"),
-        envelope(6, RunFinished(status="ok", duration_s=1.0), session="s1", run_id="r"),
-        envelope(7, session="s1", run_id="someone-else's"),
-    ]
-    for e in cases:
-        row = (e.event.__struct_config__.tag, e.session_id, e.run_id, e.stale)
-        assert sub.wants_row(*row) == sub.wants(e), e  # type: ignore[arg-type]
-    assert [sub.wants(e) for e in cases] == [True, False, False, False, False, True, False]
-
-
 @pytest.mark.parametrize(
     ("patterns", "sessions", "owned_only"),
     [
         (["stream.text.*", "busd.run.>"], ["s1"], True),
-        ([">"], None, False),  # everything: the bytes are not even decoded
+        ([">"], None, False),  # everything: a ring's bytes are not even decoded
         ([">"], ["s1"], False),
         (["stream.>"], None, False),
     ],
 )
-def test_a_subscription_picks_from_a_rings_bytes_what_it_wants_of_envelopes(
+def test_a_subscription_filters_rows_and_bytes_as_it_filters_envelopes(
     patterns: list[str], sessions: list[str] | None, owned_only: bool
 ) -> None:
+    """A journal row by its columns, a ring's bytes by their heads: what the envelope says."""
     sub = Subscription(
         1,
         1,
@@ -1295,16 +1271,22 @@ def test_a_subscription_picks_from_a_rings_bytes_what_it_wants_of_envelopes(
     cases = [
         envelope(1, session="s1", run_id="r"),
         envelope(2, session="s2", run_id="r"),
-        envelope(3, session="s1", run_id="r", stale=True),
-        envelope(4, SessionStart(), session="s1", run_id="r"),
-        envelope(5, RunFinished(status="ok", duration_s=1.0), session=None, run_id="r"),
+        envelope(3, session="s1"),
+        envelope(4, session="s1", run_id="r", stale=True),
+        envelope(5, SessionStart(), session="s1", run_id="r"),
+        envelope(6, RunFinished(status="ok", duration_s=1.0), session="s1", run_id="r"),
+        envelope(7, session="s1", run_id="someone-else's"),
+        envelope(8, RunFinished(status="ok", duration_s=1.0), session=None, run_id="r"),
     ]
+    for e in cases:
+        row = (e.event.__struct_config__.tag, e.session_id, e.run_id, e.stale)
+        assert sub.wants_row(*row) == sub.wants(e), e  # type: ignore[arg-type]
     raws = [encode_envelope(e) for e in cases]
-
     seqs, kept = sub.wanted([e.seq for e in cases], raws)
-
     assert seqs == [e.seq for e in cases if sub.wants(e)]
     assert kept == [raw for e, raw in zip(cases, raws, strict=True) if sub.wants(e)]
+    if owned_only:
+        assert [sub.wants(e) for e in cases] == [True, *[False] * 4, True, False, False]
 
 
 def test_the_registry_names_the_adapter_and_says_who_changed() -> None:
