@@ -319,6 +319,27 @@ def test_an_envelope_that_does_not_decode_is_a_gap_not_a_frame(tmp_path: Path) -
     assert query(path, "SELECT count(*) FROM batches") == [(0,)]
 
 
+def test_retention_cutting_a_row_keeps_the_gap_of_an_envelope_after_its_cut(
+    tmp_path: Path,
+) -> None:
+    """The row that stays is written again: an envelope after the cut that does not decode
+    is not in it, so its seq is recorded lost (else a resume would skip it without a gap)."""
+    path = tmp_path / "journal.sqlite3"
+    delta = TextDelta(message_id="m", text="x")
+    write(path, [_envelope(seq, "s1", None, False, delta) for seq in (1, 2, 3, 4, 5)])
+    seven = msgspec.Raw(msgspec.msgpack.encode(7))  # msgpack, but not an envelope
+    _batch_row(path, lambda raws: msgspec.msgpack.encode([*raws[:3], seven, raws[4]]))
+    assert whole(path).lost == [(4, 4)]
+    file = JournalFile.open(path)
+    try:
+        assert file.prune_step(2) == (2, 2)
+    finally:
+        file.close()
+    page = whole(path)
+    assert (page.floor, [row[0] for row in page.rows], page.lost) == (2, [3, 5], [(4, 4)])
+    assert query(path, "SELECT count(*) FROM ids") == [(3,)]
+
+
 @pytest.mark.parametrize(
     ("change", "damaged", "kept"),
     [

@@ -53,8 +53,13 @@ class _Id(msgspec.Struct, frozen=True, gc=False):
     id: str
 
 
-_id_of = msgspec.msgpack.Decoder(_Id).decode
+class _SeqId(msgspec.Struct, frozen=True, gc=False):
+    seq: int
+    id: str
+
+
 _ids_of = msgspec.msgpack.Decoder(list[_Id]).decode
+_seq_id_of = msgspec.msgpack.Decoder(_SeqId).decode
 
 Stored = tuple[EventHead, bytes]
 """An event read back: its envelope's head and its bytes."""
@@ -131,41 +136,32 @@ def _forget(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
         start += size
 
 
-def _split_row(
-    blob: bytes, last: int, upto: int
-) -> tuple[int, list[str], tuple[int, int, bytes] | None]:
-    """A batch row (``last``: its last seq) cut at ``upto`` for retention: the events
-    removed, their ids, and the row that stays (first seq, last seq, envelopes), if any
-    event is after ``upto``.
+def _seq_id(raw: msgspec.Raw) -> tuple[int, str] | None:
+    try:
+        envelope = _seq_id_of(raw)
+    except msgspec.DecodeError:
+        return None
+    return envelope.seq, envelope.id
 
-    An envelope that does not decode goes with the removed ones (its id cannot be read).
+
+def _split_row(
+    first: int, last: int, blob: bytes, upto: int
+) -> tuple[int, list[str], tuple[int, int, bytes] | None, list[tuple[int, int]]]:
+    """A batch row cut at ``upto`` for retention: the events removed, their ids, the row
+    that stays (first seq, last seq, envelopes) if an event is after ``upto``, and the seqs
+    after ``upto`` it could not read (they are not in the row that stays).
+
+    Only what decodes counts as removed (an id that cannot be read cannot be forgotten).
     """
     if last <= upto:  # the whole row: its ids in one decode
         with contextlib.suppress(msgspec.DecodeError):
             whole = _ids_of(blob)
-            return len(whole), [envelope.id for envelope in whole], None
-    try:
-        raws = _array(blob)
-    except msgspec.DecodeError:
-        return 0, [], None
-    ids: list[str] = []
-    kept: list[msgspec.Raw] = []
-    seqs: list[int] = []
-    for raw in raws:
-        try:
-            head = event_head(raw)
-        except msgspec.DecodeError:
-            continue
-        if head.seq > upto:
-            kept.append(raw)
-            seqs.append(head.seq)
-            continue
-        try:
-            ids.append(_id_of(raw).id)
-        except msgspec.DecodeError:
-            continue
-    rest = (seqs[0], seqs[-1], _encode(kept)) if kept else None
-    return len(raws) - len(kept), ids, rest
+            return len(whole), [envelope.id for envelope in whole], None, []
+    found, lost = row_items(first, last, blob, _seq_id)
+    ids = [id_ for seq, _, id_ in found if seq <= upto]
+    kept = [(seq, raw) for seq, raw, _ in found if seq > upto]
+    rest = (kept[0][0], kept[-1][0], _encode([raw for _, raw in kept])) if kept else None
+    return len(ids), ids, rest, [(max(a, upto + 1), b) for a, b in lost if b > upto]
 
 
 def remove(conn: sqlite3.Connection, target: int, chunk: int) -> tuple[int, int]:
@@ -182,16 +178,13 @@ def remove(conn: sqlite3.Connection, target: int, chunk: int) -> tuple[int, int]
         "ORDER BY first_seq",
         (target,),
     )
-    for _, last, blob in cursor:
-        count, row_ids, rest = _split_row(blob, last, target)
+    for first, last, blob in cursor:
+        count, row_ids, rest, damaged = _split_row(first, last, blob, target)
         removed += count
         ids += row_ids
         if last > target or removed >= chunk:
             upto = min(last, target)
-            if last > target and rest is None:  # its later events could not be read
-                conn.execute(
-                    "INSERT OR REPLACE INTO lost VALUES (?, ?, 'damaged')", (target + 1, last)
-                )
+            conn.executemany("INSERT OR REPLACE INTO lost VALUES (?, ?, 'damaged')", damaged)
             break
     cursor.close()
     conn.execute("DELETE FROM batches WHERE first_seq <= ?", (upto,))
