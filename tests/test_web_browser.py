@@ -438,6 +438,20 @@ def test_a_read_only_page_shows_the_request_and_no_buttons(workdir: Path) -> Non
             process.stop()
 
 
+RECORD_LIVE = """
+window.namesWhenLive = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const badge = document.getElementById("connection");
+  new MutationObserver(() => {
+    if (badge.dataset.state === "live") {
+      window.namesWhenLive.push(document.getElementById("answering-as").textContent);
+    }
+  }).observe(badge, { attributes: true, attributeFilter: ["data-state"] });
+});
+"""
+"""Records what "answering as" said each time the badge turned "live"."""
+
+
 def test_the_page_says_when_busd_web_has_lost_the_daemon(workdir: Path) -> None:
     """ "live" means the page reaches the daemon, not only busd web (issue 19)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
@@ -453,9 +467,14 @@ def test_the_page_says_when_busd_web_has_lost_the_daemon(workdir: Path) -> None:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page()
+                page.add_init_script(RECORD_LIVE)
                 page.goto(url)
                 badge = page.get_by_test_id("connection")
                 expect(badge).to_have_attribute("data-state", "live", timeout=DEADLINE * 1000)
+                # "live" is never shown before the snapshot: the name is there with it.
+                names = page.evaluate("window.namesWhenLive")
+                assert names, "the badge never turned live"
+                assert all(name.startswith("answering as web@") for name in names), names
                 live_colour = badge.evaluate("node => getComputedStyle(node).color")
                 daemon.stop()
                 expect(badge).to_have_attribute(
@@ -473,6 +492,9 @@ def test_the_page_says_when_busd_web_has_lost_the_daemon(workdir: Path) -> None:
                 processes.append(Process("serve", "--socket", str(socket), log=workdir / "s2.log"))
                 processes[-1].wait_for(r"listening on")
                 expect(badge).to_have_attribute("data-state", "live", timeout=DEADLINE * 1000)
+                names = page.evaluate("window.namesWhenLive")
+                assert names, "the badge never turned live"
+                assert all(name.startswith("answering as web@") for name in names), names
             finally:
                 browser.close()
     finally:

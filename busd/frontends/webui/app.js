@@ -530,10 +530,14 @@
       $connection.dataset.state = name;
       $connection.textContent = text;
     };
-    // "live" is two links: this page to busd web, and busd web to the daemon.
+    // "live" is two links: this page to busd web, and busd web to the daemon; and
+    // the page holds the stream's snapshot (who it answers as, the sessions), so
+    // nothing on it is empty for want of the first frame.
     let daemon = { connected: true, lost: null };
+    let synced = false;
     const showDaemon = () => {
-      if (daemon.connected) setConnection("live", "live");
+      if (!synced) setConnection("syncing", "connected: loading…");
+      else if (daemon.connected) setConnection("live", "live");
       else setConnection("daemon-gone", `daemon gone (${daemon.lost}): reconnecting…`);
     };
     source.addEventListener("open", showDaemon);
@@ -542,6 +546,7 @@
       showDaemon();
     });
     source.addEventListener("error", () => {
+      synced = false; // a new stream starts with a new snapshot
       if (source.readyState === EventSource.CLOSED) {
         setConnection("closed", "disconnected (reload, or open the URL busd web printed)");
       } else {
@@ -552,13 +557,14 @@
       const data = JSON.parse(event.data);
       clock(data.now);
       daemon = data.daemon;
-      showDaemon();
       state.readOnly = Boolean(data.read_only);
       document.body.dataset.readOnly = String(state.readOnly);
       $name.textContent = state.readOnly ? `read-only: ${data.name}` : `answering as ${data.name}`;
       state.sessions = new Map(data.sessions.map((view) => [view.session_id, view]));
       settle(null);
       render();
+      synced = true;
+      showDaemon();
     });
     source.addEventListener("session", (event) => {
       const view = JSON.parse(event.data);
