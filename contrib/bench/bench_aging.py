@@ -1,7 +1,7 @@
 """Whether a daemon's cost per event grows as it runs: one daemon, round after round.
 
     python contrib/bench/bench_aging.py [--rounds 6] [--events 200000] [--journal]
-        [--replay N] [--malloc] [--subscribers 4]
+        [--replay N] [--malloc] [--subscribers 4] [--serve-arg=--journal-max-size=150MiB ...]
 
 One ``busd serve`` (bench_fanout's ``start_server``) and, each round,
 bench_fanout's publisher and ``--subscribers`` subscriber processes at
@@ -12,7 +12,9 @@ whose main thread needs more ticks each round for the same events ages:
 the replay ring of Python objects did (docs/performance.md, "The replay
 ring as bytes"). ``--replay`` sets the ring's size; ``--malloc`` runs the
 daemon with ``PYTHONMALLOC=malloc`` (glibc's allocator for every object,
-which shows an allocation pattern's cost several times larger).
+which shows an allocation pattern's cost several times larger);
+``--serve-arg`` passes more options to ``busd serve`` (a capped journal
+prunes every round).
 """
 
 from __future__ import annotations
@@ -52,11 +54,17 @@ def main() -> None:
     parser.add_argument("--journal", action="store_true", help="as busd serve runs by default")
     parser.add_argument("--replay", type=int, help="the replay ring's size (busd's default)")
     parser.add_argument("--malloc", action="store_true", help="the daemon with PYTHONMALLOC=malloc")
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="one more busd serve argument (repeat it): --serve-arg=--journal-max-size=150MiB",
+    )
     args = parser.parse_args()
     command: tuple[str, ...] = (PYTHON, "-m", "busd")
     if args.malloc:
         command = ("env", "PYTHONMALLOC=malloc", *command)
-    extra = ["--replay", str(args.replay)] if args.replay else []
+    extra = (["--replay", str(args.replay)] if args.replay else []) + args.serve_arg
     with tempfile.TemporaryDirectory(prefix="busd-aging-") as tmp:
         procs = Processes(Path(tmp))
         try:
