@@ -189,6 +189,14 @@ def test_missing_grandparent_is_not_created(short_dir: Path) -> None:
     assert not (short_dir / "nope").exists()
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_directory_the_file_system_cannot_have_is_not_called_missing_its_parent() -> None:
+    """``mkdir`` in /proc fails with ENOENT although /proc is there."""
+    with pytest.raises(EndpointError) as caught:
+        Endpoint.bind(Path("/proc/busd-nope/bus.sock"))
+    assert str(caught.value) == "cannot create /proc/busd-nope: No such file or directory"
+
+
 def test_umask_is_restored_when_bind_fails(
     sock_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

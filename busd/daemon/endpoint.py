@@ -198,7 +198,9 @@ def _prepare_directory(directory: Path) -> None:
         os.mkdir(directory, 0o700)
     except FileExistsError:
         pass
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if directory.parent.is_dir():  # a file system that has no such directories (/proc)
+            raise EndpointError(f"cannot create {directory}: {exc.strerror}") from None
         raise EndpointError(
             f"cannot create {directory}: {directory.parent} does not exist"
         ) from None
