@@ -578,9 +578,9 @@ def test_a_message_that_streams_without_end_keeps_bounded_text() -> None:
 def test_partial_texts_fold_a_run_where_each_text_in_turn_would(
     runs: list[list[str]], fold: int
 ) -> None:
-    """Folding is found by position in a run (a bisection): the same counts and text kept
-    as the rule says text by text (a message folds once it holds ``fold`` characters), with
-    folds inside runs, at their ends and across them."""
+    """A run added at once keeps the counts and text the rule gives text by text (a message
+    folds once it holds ``fold`` characters), with folds inside runs, at their ends and
+    across them."""
     model: dict[str, tuple[int, str]] = {}  # message: tokens folded, text held
     texts = PartialTexts()
     with mock.patch.object(partial, "FOLD_CHARS", fold):
