@@ -500,10 +500,13 @@ def frame_of(middle: Event, last: Event | None = None) -> list[Outgoing[Event]]:
 
 
 async def test_a_burst_goes_out_before_the_bookkeeping_after_the_fan_out() -> None:
-    """One pass, with the frame's last event: the handlers after the fan-out find it all sent."""
+    """One pass, with the frame's last event: the handlers after the fan-out find it all sent,
+    and the replay ring takes each run only once its pass is written (it is no frontend's wait)."""
     async with daemon_running() as (daemon, nursery):
         _, recorder = await member(daemon, nursery, merge=False)
         await trio.testing.wait_all_tasks_blocked()
+        ring_at_write: list[int] = []
+        recorder.writing = lambda: ring_at_write.append(daemon.history.head_seq)
         had: dict[int, int] = {}  # seq -> events the member had when a later handler saw it
 
         def later(envelope: Envelope[Event]) -> None:
@@ -519,6 +522,9 @@ async def test_a_burst_goes_out_before_the_bookkeeping_after_the_fan_out() -> No
         assert had == {first + i: 0 for i in range(4)} | {first + i: 7 for i in range(4, 7)}
         assert daemon.fanout.statistics().batches == 1
         assert [e.seq for e in recorder.events] == list(range(first, first + 7))
+        # Written with the last run (seqs first+4..first+6) not in the ring yet; then it is.
+        assert ring_at_write == [first + 3]
+        assert daemon.history.head_seq == first + 6
 
 
 async def test_what_handlers_publish_inside_a_burst_goes_out_once_in_order() -> None:
@@ -549,11 +555,13 @@ async def test_a_pass_that_raises_inside_the_handler_leaves_the_events_booked(
             raise RuntimeError("the pass failed")
 
         daemon.fanout.flush_nowait = broken  # type: ignore[method-assign]
+        first = daemon.bus.head_seq + 1
         with pytest.raises(RuntimeError):  # the settle's own pass, outside the bus
             daemon.publish_frame_and_settle(frame, source="t")
         del daemon.fanout.flush_nowait  # before the task's next pass
         assert daemon.bus.statistics().handler_errors == 1  # the one inside it: isolated
         assert daemon.sessions.get("s1") is not None
+        assert len(daemon.history.since(first - 1)) == len(frame)  # kept for resumes all the same
 
 
 async def test_a_publisher_s_bursts_over_a_socket_do_not_wake_the_fanout_task(

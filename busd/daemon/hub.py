@@ -503,13 +503,13 @@ class Daemon:
     def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
         """:meth:`_on_event` for a run (of one type: deltas), in one call."""
         raws = encode_envelopes(envelopes)
-        self.history.extend(envelopes, raws)
         if isinstance(envelopes[0].event, PermissionRequested):
             for envelope in envelopes:
                 self.broker.saw_request(cast(PermissionRequested, envelope.event).request_id)
         try:
             self.fanout.extend(envelopes, raws)  # the end of a burst: it goes out here
-        finally:  # whatever the pass did: journaled and counted all the same
+        finally:  # whatever the pass did: kept for replays, journaled and counted all the same
+            self.history.extend(envelopes, raws)
             if self.journal is not None:
                 self.journal.extend(envelopes, raws)
             self.sessions.observe_many(envelopes)
@@ -517,13 +517,13 @@ class Daemon:
     def _on_event(self, envelope: Envelope[Event]) -> None:
         """Record, deliver, then book-keep: what no frontend waits for comes last."""
         raw = encode_envelope(envelope)
-        self.history.append(envelope, raw)
         event = envelope.event
         if isinstance(event, PermissionRequested):
             self.broker.saw_request(event.request_id)
         try:
             self.fanout.append(envelope, raw)  # the end of a burst: it goes out here
-        finally:  # whatever the pass did: journaled and counted all the same
+        finally:  # whatever the pass did: kept for replays, journaled and counted all the same
+            self.history.append(envelope, raw)
             if self.journal is not None:
                 self.journal.append(envelope, raw)
             self.sessions.observe(envelope)
