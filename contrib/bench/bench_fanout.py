@@ -22,7 +22,12 @@ end, error or Ctrl-C alike:
   holds every event at the end;
 - a bare Python forwarder: an asyncio Unix-socket server that copies the
   publisher's length-prefixed frames to every subscriber and does nothing
-  else, the ceiling of any broker written in Python.
+  else, the ceiling of any broker written in Python;
+- a lean busd server (``busd-lean``; only on request, ``--systems``): busd's
+  protocol and busd's clients, a Trio server that decodes each ``publish``
+  frame, numbers and encodes its events and writes them to every
+  subscriber, and does nothing else: the floor of busd's daemon in Python
+  and Trio, so what the daemon spends beyond it is what its features cost.
 
 Figures, see ``contrib/bench/README.md``:
 
@@ -276,6 +281,11 @@ def start_server(
         worker = procs.start(name, argv, server=True)
         _wait_connectable(socket.AF_INET, ("127.0.0.1", port), worker)
         return Server(system, f"nats://127.0.0.1:{port}", worker)
+    if system == "busd-lean":
+        path = tmp / f"{name}.sock"
+        worker = procs.start(name, [PYTHON, str(PEERS), "lean", str(path)])
+        worker.message(15)
+        return Server(system, str(path), worker)
     path = tmp / "forwarder.sock"
     worker = procs.start(name, [PYTHON, str(PEERS), "forwarder", str(path)])
     worker.message(15)

@@ -5,11 +5,14 @@ Started by ``bench_fanout.py``, one process per role, never by hand:
     python fanout_peers.py sub SYSTEM ADDRESS --events N [--window-ms W] [--latency]
     python fanout_peers.py pub SYSTEM ADDRESS --events N [--rate R]
     python fanout_peers.py forwarder SOCKET
+    python fanout_peers.py lean SOCKET
     python fanout_peers.py idle SOCKET --clients 100
 
-SYSTEM is ``busd``, ``redis``, ``nats``, ``nats-js`` or ``forwarder``
-(``nats-js``: a NATS server whose JetStream stores every event on disk, as
-busd's journal does; its subscribers are NATS's). Every process
+SYSTEM is ``busd``, ``busd-lean``, ``redis``, ``nats``, ``nats-js`` or
+``forwarder`` (``nats-js``: a NATS server whose JetStream stores every
+event on disk, as busd's journal does, its subscribers NATS's;
+``busd-lean``: the ``lean`` server, busd's protocol with only what
+delivery needs, its clients busd's). Every process
 speaks JSON lines on stdout: ``{"ready": true}`` once it is connected (and,
 for a subscriber, subscribed: the server has confirmed it), then one result.
 A publisher waits for a line on stdin before its first send, so the
@@ -30,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import struct
 import sys
@@ -56,6 +60,7 @@ FIRST_TIMEOUT = 180.0
 TICK = 0.001  # a paced publisher wakes every millisecond and sends what is due
 PIPELINE = 1_000  # Redis publishes per pipeline round trip
 WRITE_BUFFER = 64 << 10  # bytes the forwarder's publisher gathers per write
+LEAN_FRAME_EVENTS = 2_048  # the lean server's events per frame: well under busd's max_frame
 
 _FILLER = (
     "The agent streams its answer one small piece at a time, and every frontend shows it. " * 2
@@ -505,6 +510,152 @@ def forwarder_publisher(address: str, events: int, rate: float | None) -> None:
     sock.close()
 
 
+# -- a lean busd server: the floor of a daemon in Python and Trio -----------
+
+
+class _LeanConnection:
+    """One client of the lean server: its stream, and its writes kept whole and in order."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.fd = stream.socket.fileno()
+        self.subs: set[int] = set()
+        self.busy = False  # a write is waiting for room: later ones queue behind it
+        self.queued: list[bytes] = []
+
+    async def send(self, head: bytes, body: bytes = b"") -> None:
+        """Write ``head`` then ``body`` now if the socket takes them, else wait (backpressure)."""
+        if self.busy:
+            self.queued.append(head + body)
+            return
+        try:
+            written = os.writev(self.fd, (head, body)) if body else os.write(self.fd, head)
+        except BlockingIOError:
+            written = 0
+        if written == len(head) + len(body):
+            return
+        self.busy = True
+        try:
+            await self.stream.send_all((head + body)[written:])
+            while self.queued:
+                rest, self.queued = b"".join(self.queued), []
+                await self.stream.send_all(rest)
+        finally:
+            self.busy = False
+
+
+async def lean_server(
+    path: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """busd's protocol, and per ``publish`` frame only what delivery needs.
+
+    Decode the frame, give each event a ``seq``, an id and a time, encode
+    the envelopes once, and write one ``events`` frame to every
+    subscription at once (window 0, raw deltas, every event to every
+    subscription: the benchmark subscribes to its one type). No rights, no
+    correlation, no replay ring, journal, sessions or accounting: what
+    busd's daemon spends beyond this server is what those cost a burst.
+    The clients are busd's own. It has no queue per subscriber: a full
+    socket holds up the publisher until it drains, so flat out with many
+    subscribers it is no ceiling; at a steady rate it is the floor.
+    """
+    from busd.core.catalog import Catalog
+    from busd.core.events import Envelope
+    from busd.core.ids import EventIds
+    from busd.transport import Receiver
+    from busd.wire import (
+        PROTOCOL_VERSION,
+        Bye,
+        Encoder,
+        Goodbye,
+        Hello,
+        Limits,
+        Ping,
+        Pong,
+        Publish,
+        Subscribe,
+        Unsubscribe,
+        Welcome,
+        client_frame_decoder,
+        encode_envelopes,
+        pack_events,
+    )
+
+    catalog, encoder, ids = Catalog(), Encoder(), EventIds()
+    subscribed: list[_LeanConnection] = []
+    head = 0
+    clients = 0
+
+    async def serve(stream: trio.SocketStream) -> None:
+        nonlocal head, clients
+        clients += 1
+        me, receiver = _LeanConnection(stream), Receiver(stream)
+        decoder = client_frame_decoder(catalog)
+        try:
+            while True:
+                while (frame := decoder.next_frame()) is not None:
+                    match frame:
+                        case Publish(events=events):
+                            now = time.time()
+                            envelopes = []
+                            made = ids.many(len(events))
+                            for outgoing, event_id in zip(events, made, strict=True):
+                                head += 1
+                                envelopes.append(
+                                    Envelope(
+                                        seq=head,
+                                        ts=now,
+                                        event=outgoing.event,
+                                        session_id=outgoing.session_id,
+                                        source="lean",
+                                        id=event_id,
+                                    )
+                                )
+                            raws = encode_envelopes(envelopes)
+                            for start in range(0, len(raws), LEAN_FRAME_EVENTS):
+                                packed = pack_events(raws[start : start + LEAN_FRAME_EVENTS])
+                                for peer in tuple(subscribed):
+                                    for sub in tuple(peer.subs):
+                                        await peer.send(encoder.events_head(sub, packed), packed)
+                        case Hello():
+                            welcome = Welcome(
+                                server="lean",
+                                protocol=PROTOCOL_VERSION,
+                                client_id=clients,
+                                head_seq=head,
+                                limits=Limits(),
+                            )
+                            await me.send(encoder.encode(welcome))
+                        case Subscribe(id=sub):
+                            me.subs.add(sub)
+                            if me not in subscribed:
+                                subscribed.append(me)
+                        case Unsubscribe(id=sub):
+                            me.subs.discard(sub)
+                        case Ping(nonce=nonce):
+                            await me.send(encoder.encode(Pong(nonce=nonce)))
+                        case Bye():
+                            await me.send(encoder.encode(Goodbye(reason="bye", resume_seq=head)))
+                            return
+                data = await receiver.receive()
+                if not data:
+                    return
+                decoder.feed(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            if me in subscribed:
+                subscribed.remove(me)
+            await trio.aclose_forcefully(stream)
+
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await listener.bind(path)
+    listener.listen(256)
+    task_status.started()
+    say(ready=True)
+    await trio.serve_listeners(serve, [trio.SocketListener(listener)])
+
+
 # -- idle frontends ----------------------------------------------------------
 
 
@@ -527,7 +678,7 @@ async def idle_frontends(address: str, clients: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("role", choices=("sub", "pub", "forwarder", "idle"))
+    parser.add_argument("role", choices=("sub", "pub", "forwarder", "lean", "idle"))
     parser.add_argument("rest", nargs="+", help="SYSTEM ADDRESS, or SOCKET")
     parser.add_argument("--events", type=int, default=0)
     parser.add_argument("--rate", type=float, default=None, help="events/s (default: flat out)")
@@ -539,12 +690,15 @@ def main() -> None:
     if args.role == "forwarder":
         asyncio.run(forwarder(args.rest[0]))
         return
+    if args.role == "lean":
+        trio.run(lean_server, args.rest[0])
+        return
     if args.role == "idle":
         trio.run(idle_frontends, args.rest[0], args.clients)
         return
     system, address = args.rest
     if args.role == "sub":
-        if system == "busd":
+        if system in ("busd", "busd-lean"):
             trio.run(busd_subscriber, address, args.events, args.window_ms, args.latency)
         elif system == "redis":
             redis_subscriber(address, args.events, args.latency)
@@ -552,7 +706,7 @@ def main() -> None:
             asyncio.run(nats_subscriber(address, args.events, args.latency))
         else:
             forwarder_subscriber(address, args.events, args.latency)
-    elif system == "busd":
+    elif system in ("busd", "busd-lean"):
         trio.run(busd_publisher, address, args.events, args.rate)
     elif system == "redis":
         redis_publisher(address, args.events, args.rate)

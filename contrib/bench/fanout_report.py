@@ -21,6 +21,7 @@ LABELS = {
     "nats": "NATS",
     "nats-js": "NATS with JetStream",
     "forwarder": "bare Python forwarder",
+    "busd-lean": "lean busd server",
 }
 
 
