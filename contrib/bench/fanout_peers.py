@@ -615,8 +615,13 @@ async def lean_server(
                             for start in range(0, len(raws), LEAN_FRAME_EVENTS):
                                 packed = pack_events(raws[start : start + LEAN_FRAME_EVENTS])
                                 for peer in tuple(subscribed):
-                                    for sub in tuple(peer.subs):
-                                        await peer.send(encoder.events_head(sub, packed), packed)
+                                    try:
+                                        for sub in tuple(peer.subs):
+                                            head_bytes = encoder.events_head(sub, packed)
+                                            await peer.send(head_bytes, packed)
+                                    except (trio.BrokenResourceError, OSError):
+                                        if peer in subscribed:  # that subscriber is gone
+                                            subscribed.remove(peer)
                         case Hello():
                             welcome = Welcome(
                                 server="lean",
