@@ -1,0 +1,321 @@
+"""Where a burst's CPU goes, step by step: busd's daemon against the lean server, steady rate.
+
+    .venv/bin/python contrib/bench/bench_steps.py [--events 30000]
+
+Copies ``busd`` and ``fanout_peers.py`` into a temporary directory and puts a
+mark (the thread's CPU clock, ``time.thread_time_ns()``) at each step of a
+burst on the publisher's connection: the read, the frame decoded, the
+rights checked, the call into the hub, the events numbered, encoded, the
+first write to a subscriber, the last, the replay ring, the journal, the
+rest of the publish, and the end before the next read. The lean server
+(``fanout_peers.py lean``, the floor) gets the marks it has steps for.
+Then it runs ``bench_fanout``'s latency test on each (4 subscribers, 5,000
+events/s, window 0, busd with its journal) and prints, per step, the
+median and mean CPU of a burst's main thread in µs. A mark costs about a
+microsecond; the tree in the repository is not changed.
+
+The marks go in by anchors: lines of the code they follow or precede. If
+the code moved on and an anchor no longer matches, the run stops and names
+it; update the anchor with the code. ``docs/performance.md`` ("The floor in
+Python") uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import bench_fanout
+from bench_fanout import Processes, measure, start_server
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+SUBSCRIBERS = 4
+RATE = 5_000.0
+SKIP, KEEP = 500, 3_000  # bursts: the first ones warm up, then these are kept
+
+STEPS_MODULE = f'''"""Marks at the steps of a burst (bench_steps.py writes this into a copy)."""
+import json, os, time
+
+_OUT = os.environ.get("BUSD_STEPS_OUT")
+
+
+class Steps:
+    on = _OUT is not None
+
+    def __init__(self):
+        self.rows, self.current = [], {{}}
+
+    def mark(self, step):
+        now = time.thread_time_ns()
+        if step == "read":
+            self.current = {{"read": now, "previous end": self.current.get("previous end")}}
+        elif step == "last write":
+            self.current[step] = now
+        elif step == "end":
+            if "read" in self.current and "first write" in self.current:
+                self.current["end"] = now
+                self.rows.append(self.current)
+                if len(self.rows) == {SKIP + KEEP}:
+                    with open(_OUT, "w") as f:
+                        json.dump(self.rows[{SKIP}:], f)
+            self.current = {{"previous end": now}}
+        else:
+            self.current.setdefault(step, now)
+
+
+steps = Steps()
+'''
+
+PUBLISHER = '_steps.on and self.role == "agent"'
+
+
+def marked(indent: int, step: str, when: str = "_steps.on") -> str:
+    """The lines of a mark at ``indent`` spaces: ``step`` is marked if ``when`` holds."""
+    pad = " " * indent
+    return f"{pad}if {when}:\n{pad}    _steps.mark({step!r})"
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Insert ``text`` before (or after) the line ``anchor`` of ``path`` in the copy."""
+
+    path: str
+    anchor: str
+    text: str
+    after: bool = False
+
+
+DAEMON_MARKS = [
+    Mark(
+        "busd/daemon/connection.py",
+        "                if frame is not None and (why := self._forbidden(frame)) is not None:",
+        marked(16, "decoded", PUBLISHER + " and frame is not None"),
+    ),
+    Mark(
+        "busd/daemon/connection.py",
+        "                        await self._acks.around(frame, self._publish(frame))",
+        marked(24, "rights", PUBLISHER),
+    ),
+    Mark(
+        "busd/daemon/connection.py",
+        "\n            data = await self._receive()\n            if not data:\n",
+        marked(12, "end", PUBLISHER),
+    ),
+    Mark(
+        "busd/daemon/connection.py",
+        "\n            data = await self._receive()\n            if not data:\n"
+        "                return  # the client went away",
+        marked(12, "read", PUBLISHER),
+        after=True,
+    ),
+    Mark(
+        "busd/daemon/hub.py",
+        "        self.fanout.hold(pass_with=events[-1].event if events else None)",
+        marked(8, "into the hub"),
+    ),
+    Mark(
+        "busd/daemon/hub.py",
+        "            self.settle()\n        finally:\n            self.fanout.release()",
+        marked(12, "published"),
+    ),
+    Mark(
+        "busd/daemon/hub.py",
+        "        raws = encode_envelopes(envelopes)",
+        marked(8, "numbered"),
+    ),
+    Mark(
+        "busd/daemon/hub.py",
+        "        raws = encode_envelopes(envelopes)",
+        marked(8, "encoded"),
+        after=True,
+    ),
+    Mark(
+        "busd/daemon/hub.py",
+        "            self.history.extend(envelopes, raws)",
+        marked(12, "ring"),
+        after=True,
+    ),
+    Mark(
+        "busd/daemon/hub.py",
+        "            self.sessions.observe_many(envelopes)",
+        marked(12, "journal"),
+    ),
+    Mark(
+        "busd/daemon/outbox.py",
+        "                if out.tail:\n                    written = os.writev(",
+        marked(16, "first write"),
+    ),
+    Mark(
+        "busd/daemon/outbox.py",
+        "            if written == out.size:\n                return",
+        marked(12, "last write"),
+    ),
+]
+LEAN_MARKS = [
+    Mark(
+        "fanout_peers.py",
+        "                        case Publish(events=events):",
+        '                            _steps.mark("decoded")',
+        after=True,
+    ),
+    Mark(
+        "fanout_peers.py",
+        "                            raws = encode_envelopes(envelopes)",
+        '                            _steps.mark("encoded")',
+        after=True,
+    ),
+    Mark(
+        "fanout_peers.py",
+        "                                            await peer.send(head_bytes, packed)",
+        '                                            _steps.mark("first write")',
+    ),
+    Mark(
+        "fanout_peers.py",
+        "                                            await peer.send(head_bytes, packed)",
+        '                                            _steps.mark("last write")',
+        after=True,
+    ),
+    Mark(
+        "fanout_peers.py",
+        "\n                data = await receiver.receive()\n",
+        marked(16, "end", "not me.subs"),
+    ),
+    Mark(
+        "fanout_peers.py",
+        "\n                data = await receiver.receive()",
+        marked(16, "read", "not me.subs"),
+        after=True,
+    ),
+]
+# The steps in a burst's order, each named by the mark that ends it.
+STEPS = [
+    ("previous end", "read", "between bursts: Trio's wake-up and the read, other tasks"),
+    ("read", "decoded", "the frame decoded"),
+    ("decoded", "rights", "the rights check"),
+    ("rights", "into the hub", "the frame's checks and acks"),
+    ("into the hub", "numbered", "routing, numbering, ids, envelopes, handlers"),
+    ("numbered", "encoded", "encoding the envelopes"),
+    ("decoded", "encoded", "the frame decoded to its events encoded (all of the above)"),
+    ("encoded", "first write", "to the first write: fan-out, batch, outbox"),
+    ("first write", "last write", "the writes, first to last"),
+    ("last write", "ring", "the pass's end and the replay ring"),
+    ("ring", "journal", "the journal's extend"),
+    ("journal", "published", "sessions, stats, the rest of the publish"),
+    ("published", "end", "settle (accounting), acks, back to the read"),
+    ("last write", "end", "after the last write"),
+    ("read", "first write", "the read to the first write"),
+    ("previous end", "end", "the burst, read to read"),
+]
+
+
+def insert(root: Path, marks: list[Mark], header: str) -> None:
+    """Put ``marks`` into the copy under ``root``; each file gets ``header`` at its end."""
+    touched: set[str] = set()
+    for mark in marks:
+        path = root / mark.path
+        code = path.read_text()
+        found = code.count(mark.anchor)
+        if found != 1:
+            where = "not found" if not found else f"found {found} times"
+            raise SystemExit(f"bench_steps: anchor {where} in {mark.path}: {mark.anchor!r}")
+        at = code.index(mark.anchor)
+        if mark.after:
+            at += len(mark.anchor)
+            code = code[:at] + "\n" + mark.text + code[at:]
+        else:
+            at += mark.anchor.startswith("\n")  # the anchor's own line, not the one before it
+            code = code[:at] + mark.text + "\n" + code[at:]
+        path.write_text(code)
+        touched.add(mark.path)
+    for name in touched:  # the import at the end, but before a script's main guard
+        path = root / name
+        code = path.read_text()
+        guard = code.find('\nif __name__ == "__main__":')
+        at = len(code) if guard < 0 else guard
+        path.write_text(code[:at] + "\n\n" + header + "\n" + code[at:])
+
+
+def prepare(tmp: Path) -> Path:
+    """A copy of busd and the benchmark's peers with the marks in; its root."""
+    root = tmp / "tree"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "busd", root / "busd", ignore=ignore)
+    (root / "busd" / "_steps.py").write_text(STEPS_MODULE)
+    insert(root, DAEMON_MARKS, "from .._steps import steps as _steps  # bench_steps.py")
+    bench = tmp / "bench"
+    shutil.copytree(HERE, bench, ignore=ignore)
+    insert(bench, LEAN_MARKS, "from busd._steps import steps as _steps  # bench_steps.py")
+    return root
+
+
+def summarize(rows: list[dict[str, int]]) -> dict[str, tuple[float, float]]:
+    """Per step present in ``rows``: the median and mean of its CPU in µs."""
+    out = {}
+    for start, end, label in STEPS:
+        values = [(r[end] - r[start]) / 1e3 for r in rows if r.get(start) and r.get(end)]
+        if values:
+            out[label] = (statistics.median(values), statistics.mean(values))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=30_000, help="per system (5,000/s)")
+    args = parser.parse_args()
+    if args.events < (SKIP + KEEP) * 7:
+        parser.error(f"--events must be at least {(SKIP + KEEP) * 7:,} (bursts of about 5)")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="busd-steps-") as name:
+        tmp = Path(name)
+        root = prepare(tmp)
+        bench_fanout.PEERS = tmp / "bench" / "fanout_peers.py"
+        saved = dict(os.environ)
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), saved.get("PYTHONPATH", "")])
+        procs = Processes(tmp)
+        try:
+            for system in ("busd", "busd-lean"):
+                out = tmp / f"{system}.json"
+                os.environ["BUSD_STEPS_OUT"] = str(out)
+                server = start_server(procs, system, tmp, journal=True)
+                del os.environ["BUSD_STEPS_OUT"]
+                measure(procs, server, subscribers=1, events=2_000, window_ms=0, rate=RATE)
+                outcome = measure(
+                    procs,
+                    server,
+                    subscribers=SUBSCRIBERS,
+                    events=args.events,
+                    window_ms=0,
+                    rate=RATE,
+                )
+                procs.stop(server.worker)
+                if outcome.problem or not out.exists():
+                    sys.exit(f"bench_steps: {system}: {outcome.problem or 'too few bursts marked'}")
+                results[system] = summarize(json.loads(out.read_text()))
+        finally:
+            procs.stop_all()
+            os.environ.clear()
+            os.environ.update(saved)
+    print(
+        f"CPU of a burst's main thread, µs (median / mean of {KEEP:,} bursts), "
+        f"{SUBSCRIBERS} subscribers at {RATE:,.0f} events/s, window 0:\n"
+    )
+    print("| step | busd | lean server |")
+    print("| --- | ---: | ---: |")
+    for _, _, label in STEPS:
+        cells = []
+        for system in ("busd", "busd-lean"):
+            found = results[system].get(label)
+            cells.append(f"{found[0]:.1f} / {found[1]:.1f}" if found else "–")
+        print(f"| {label} | {cells[0]} | {cells[1]} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The step benchmark (contrib/bench/bench_steps.py) still fits the code it marks.
+
+Its marks go into a copy of the tree by anchors; this checks that every
+anchor matches the daemon and the lean server as they are (once each), that
+the marked copy compiles, and the arithmetic of its table.
+"""
+
+from __future__ import annotations
+
+import py_compile
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "contrib" / "bench"))
+
+from bench_steps import DAEMON_MARKS, LEAN_MARKS, Mark, insert, prepare, summarize
+
+
+def test_every_mark_fits_the_code_and_the_marked_copy_compiles(tmp_path: Path) -> None:
+    root = prepare(tmp_path)
+    for mark in DAEMON_MARKS:
+        py_compile.compile(str(root / mark.path), doraise=True)
+        assert "_steps.mark(" in (root / mark.path).read_text()
+    lean = tmp_path / "bench" / "fanout_peers.py"
+    py_compile.compile(str(lean), doraise=True)
+    code = lean.read_text()
+    assert code.count("_steps.mark(") == len(LEAN_MARKS)
+    assert code.index("import steps as _steps") < code.index('if __name__ == "__main__":')
+
+
+def test_an_anchor_that_no_longer_matches_stops_the_run_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("a = 1\na = 1\n")
+    with pytest.raises(SystemExit, match=r"anchor not found in m.py: 'b = 2'"):
+        insert(tmp_path, [Mark("m.py", "b = 2", "pass")], "")
+    with pytest.raises(SystemExit, match=r"anchor found 2 times in m.py"):
+        insert(tmp_path, [Mark("m.py", "a = 1", "pass")], "")
+
+
+def test_a_step_is_the_difference_of_its_marks_in_microseconds() -> None:
+    rows = [
+        {"previous end": 0, "read": 50_000, "decoded": 60_000, "first write": 100_000},
+        {"previous end": 0, "read": 70_000, "decoded": 90_000, "first write": 150_000},
+    ]
+    table = summarize(rows)
+    assert table["the frame decoded"] == (15.0, 15.0)
+    assert table["the read to the first write"] == (65.0, 65.0)
+    assert "the rights check" not in table  # a step whose marks are missing is left out
