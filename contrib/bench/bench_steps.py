@@ -278,7 +278,8 @@ def main() -> None:
         root = prepare(tmp)
         bench_fanout.PEERS = tmp / "bench" / "fanout_peers.py"
         saved = dict(os.environ)
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), saved.get("PYTHONPATH", "")])
+        paths = [str(root), *filter(None, saved.get("PYTHONPATH", "").split(os.pathsep))]
+        os.environ["PYTHONPATH"] = os.pathsep.join(paths)
         procs = Processes(tmp)
         try:
             for system in ("busd", "busd-lean"):
