@@ -430,8 +430,8 @@ class Daemon:
         The fan-out's task is not woken for these events: the pass is here
         (at a steady rate, a task switch per burst that would find nothing),
         as soon as the frame's last event is in the fan-out's log: the
-        bookkeeping after it (the journal, sessions, accounting, runs) is
-        not between a publisher and its frontends.
+        bookkeeping after it (the replay ring, the journal, sessions,
+        accounting, runs) is not between a publisher and its frontends.
         """
         self.fanout.hold(pass_with=events[-1].event if events else None)
         try:
@@ -515,7 +515,7 @@ class Daemon:
             self.sessions.observe_many(envelopes)
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
-        """Record, deliver, then book-keep: what no frontend waits for comes last."""
+        """Encode, deliver, then keep and book-keep: what no frontend waits for comes last."""
         raw = encode_envelope(envelope)
         event = envelope.event
         if isinstance(event, PermissionRequested):
