@@ -27,6 +27,7 @@ from busd.core.events import (
     RunCancelled,
     TextDelta,
 )
+from busd.daemon.authority import Vetted
 from busd.daemon.config import ConfigError, load_config
 from busd.daemon.hub import DaemonConfig
 from busd.wire import (
@@ -442,3 +443,56 @@ async def test_a_frame_is_judged_event_by_event_though_each_place_is_asked_once(
         assert daemon.bus.head_seq == head + 50
         await web.reply_permission(request_id, option_id="allow_once")
         assert (await watcher.finished(run_id)).status == "ok"
+
+
+async def test_a_place_a_client_was_allowed_is_judged_again_once_a_run_takes_it(
+    sock_path: Path,
+) -> None:
+    """A connection keeps the kinds and places it was allowed (issue 20: judging each
+    frame anew was a tenth of a burst's work); a run that takes the session ends that."""
+    driver = ScriptDriver()
+    daemon = make_daemon(driver)
+    watcher = Watcher(daemon)
+    async with (
+        serving(sock_path, daemon),
+        connect(sock_path, client="web") as web,
+        connect(sock_path, client="agent", role="agent") as agent,
+    ):
+        for text in "ab":  # the second frame is allowed as the first one was
+            await agent.publish(TextDelta(message_id="m", text=text), session_id="s", ack=True)
+        started = await web.start_run("script", "ask", session_id="s")
+        request_id = await _pending_request(watcher, started["run_id"])
+        head = daemon.bus.head_seq
+        with pytest.raises(RequestFailed, match="session 's' is driven by busd"):
+            await agent.publish(TextDelta(message_id="m", text="c"), session_id="s", ack=True)
+        assert daemon.bus.head_seq == head
+        await agent.publish(TextDelta(message_id="m", text="d"), session_id="t", ack=True)
+        await web.reply_permission(request_id, option_id="allow_once")
+        assert (await watcher.finished(started["run_id"])).status == "ok"
+        with pytest.raises(RequestFailed, match="session 's' is driven by busd"):
+            await agent.publish(TextDelta(message_id="m", text="e"), session_id="s", ack=True)
+    assert daemon.counters.forbidden == 2
+
+
+def test_vetted_kinds_and_places_hold_for_one_epoch_and_never_for_permission_events() -> None:
+    delta = Outgoing(event=TextDelta(message_id="m", text="x"), session_id="s")
+    elsewhere = Outgoing(event=TextDelta(message_id="m", text="x"), session_id="t")
+    request = Outgoing(event=ask(request_id="r", tool="Read"), session_id="s")
+    vetted = Vetted()
+    assert not vetted.covers([delta], 0)
+    vetted.add([delta, request], 0)
+    assert vetted.covers([delta, delta], 0)
+    assert not vetted.covers([delta, elsewhere], 0)  # a place not judged yet
+    assert not vetted.covers([delta, request], 0)  # judged each time, on its request id
+    assert not vetted.covers([delta], 1)  # the runs took a place since
+    vetted.add([elsewhere], 1)
+    assert vetted.covers([elsewhere], 1)
+    assert not vetted.covers([delta], 1)  # forgotten with the epoch
+    vetted.add(
+        [
+            Outgoing(event=TextDelta(message_id="m", text="x"), session_id=f"s{i}")
+            for i in range(1025)
+        ],
+        1,
+    )
+    assert not vetted.covers([elsewhere], 1)  # past its bound it starts again

@@ -533,3 +533,22 @@ def test_observe_many_is_observe_of_each(
     for session in ("s1", "s2", "s3"):
         assert at_once.summary(session) == one_by_one.summary(session)
         assert at_once.snapshot(session) == one_by_one.snapshot(session)
+
+
+def test_run_marks_count_each_session_a_run_id_reaches_and_nothing_else() -> None:
+    """What RunManager.authority_epoch counts: a client's vetted place there is judged again."""
+    registry = SessionRegistry()
+    feed = Feed(registry)
+    feed(TextDelta(message_id="m", text="x"), run=None)
+    feed(TextDelta(message_id="m", text="x"), run="r1", stale=True)  # an unknown run's
+    assert registry.run_marks == 0
+    feed(TextDelta(message_id="m", text="x"))
+    feed(TextDelta(message_id="m", text="y"))
+    feed(UserPrompt(text="go"), run=None)
+    assert registry.run_marks == 1
+    feed(TextDelta(message_id="m", text="x"), run="r2")
+    feed(TextDelta(message_id="m", text="x"), session="s2")
+    assert registry.run_marks == 3
+    restored = SessionRegistry()
+    restored.restore(registry.summary("s2") or pytest.fail("s2 was observed"))
+    assert restored.run_marks == 1

@@ -480,6 +480,7 @@ class SessionRegistry:
         "_max_open",
         "_max_sessions",
         "_observed",
+        "_run_marks",
         "_sessions",
     )
 
@@ -493,10 +494,21 @@ class SessionRegistry:
         self._last: str | None = None  # the most recently active session (the dict's last)
         self._evicted = 0
         self._observed = 0
+        self._run_marks = 0
 
     @property
     def max_sessions(self) -> int:
         return self._max_sessions
+
+    @property
+    def run_marks(self) -> int:
+        """How often a session's ``run_id`` changed: a session a run had is the daemon's.
+
+        :meth:`busd.daemon.runs.RunManager.authority_epoch` counts it, so that
+        a client's cached verdict on a session (may it publish there?) is
+        judged again once a run has had that session.
+        """
+        return self._run_marks
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -533,8 +545,9 @@ class SessionRegistry:
                 state.status = _ACTIVE
                 state.error = None
             run_id = envelope.run_id
-            if run_id is not None:
+            if run_id is not None and run_id != state.run_id:
                 state.run_id = run_id
+                self._run_marks += 1
             if state.adapter is None:  # ingest: "name[pid=…,uid=…]/sdk", a run: "run/sdk"
                 _, slash, adapter = envelope.source.rpartition("/")
                 if slash and not adapter.endswith("]"):
@@ -603,6 +616,7 @@ class SessionRegistry:
         state.cwd = summary.cwd
         state.parent_session_id = summary.parent_session_id
         state.run_id = summary.run_id
+        self._run_marks += summary.run_id is not None
         state.usage = summary.usage
         state.usage_by_model = dict(summary.usage_by_model)
         state.stats = stats

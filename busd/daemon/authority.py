@@ -30,12 +30,14 @@ from ..wire import (
 )
 from .runs import RunManager
 
-__all__ = ["forbidden", "refusal"]
+__all__ = ["Vetted", "forbidden", "refusal"]
 
 _PERMISSION_EVENTS = (PermissionRequested, PermissionResolved)
 _event_of = attrgetter("event")
 _place_of = attrgetter("session_id", "run_id")
+_kind_and_place_of = attrgetter("event.__class__", "session_id", "run_id")
 _SMALL = 16  # events in a frame below which one look at each costs less than the sets
+_MAX_VETTED = 1024  # kinds and places a connection keeps; past it, it starts again
 
 
 def forbidden(frame: Frame, *, role: Role, rights: Set[Right], runs: RunManager) -> str | None:
@@ -81,6 +83,44 @@ def _publish_refusal(events: Sequence[Outgoing[Event]], runs: RunManager) -> str
             return f"events[{index}]: {why}; none of the frame's events was published"
         allowed.add(where)
     return None
+
+
+class Vetted:
+    """The kinds of event and places a connection was allowed to publish, while that holds.
+
+    An agent sends the same few kinds of event to the same place, frame after
+    frame; judging each frame anew (its role's right, the place's authority,
+    each kind) was a tenth of the daemon's work for a burst of deltas. A
+    frame whose every ``(event type, session, run)`` is here, vetted at the
+    same :attr:`~busd.daemon.runs.RunManager.authority_epoch`, is allowed
+    as it stands. The epoch moves whenever the daemon takes a place (a run
+    starts, a session gets a run id): everything is judged again.
+    Permission events are never kept (each is judged on its request id).
+    """
+
+    __slots__ = ("_epoch", "_kinds")
+
+    def __init__(self) -> None:
+        self._kinds: set[tuple[type[Event], str | None, str | None]] = set()
+        self._epoch = -1
+
+    def covers(self, events: Sequence[Outgoing[Event]], epoch: int) -> bool:
+        """Whether every event's kind and place was vetted at ``epoch``."""
+        return epoch == self._epoch and all(
+            map(self._kinds.__contains__, map(_kind_and_place_of, events))
+        )
+
+    def add(self, events: Sequence[Outgoing[Event]], epoch: int) -> None:
+        """Keep the kinds and places of a frame just allowed whole (every check passed)."""
+        kinds = self._kinds
+        if epoch != self._epoch:
+            kinds.clear()
+            self._epoch = epoch
+        for kind in map(_kind_and_place_of, events):
+            if not issubclass(kind[0], _PERMISSION_EVENTS):
+                kinds.add(kind)
+        if len(kinds) > _MAX_VETTED:
+            kinds.clear()
 
 
 def refusal(frame: Frame, message: str) -> tuple[Frame, bool]:

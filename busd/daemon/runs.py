@@ -195,6 +195,7 @@ class RunManager:
         self._active_by_session: dict[str, str] = {}
         self._sdk_sessions: dict[str, str] = {}
         self._driven: set[str] = set()  # every session a run of ours has had
+        self._taken = 0  # runs started and sessions taken: see authority_epoch
         self._started: dict[str, set[str]] = {}  # who started them: identity -> run ids
         daemon.bus.on_all(self._observe, many=self._observe_many)
 
@@ -285,6 +286,7 @@ class RunManager:
         self._runs[run_id] = state
         self._active_by_session[session] = run_id
         self._driven.add(session)
+        self._taken += 1
         self.started_by(started_by).add(run_id)
         self.daemon.correlator.start_run(run_id, session_id=session, request_id=request_id)
         self.daemon.publish(
@@ -328,6 +330,17 @@ class RunManager:
     def _had_run(self, session_id: str) -> bool:
         state = self.daemon.sessions.get(session_id)
         return state is not None and state.run_id is not None
+
+    @property
+    def authority_epoch(self) -> int:
+        """Changes whenever :meth:`authority` may refuse a place it allowed before.
+
+        A place (session, run) becomes the daemon's when a run of ours starts
+        there or when a session gets a run id; nothing ever gives one back
+        while the daemon runs. A connection may keep the places it was
+        allowed while this is unchanged (:class:`busd.daemon.authority.Vetted`).
+        """
+        return self._taken + self.daemon.sessions.run_marks
 
     def authority(
         self, event: Event | None, *, session_id: str | None, run_id: str | None
