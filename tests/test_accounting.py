@@ -232,3 +232,20 @@ def test_deltas_wait_for_a_settle_a_read_or_another_event() -> None:
     accountant.observe(Envelope(4, 2.0, TextDelta(message_id="m", text="cd"), "s1"), 2.0)
     accountant.observe(Envelope(5, 2.0, TurnEnd(), "s1"), 2.0)  # another event: first the delta
     assert accountant.deferred_deltas == 0
+
+
+def test_a_settle_with_a_stretch_leaves_fewer_deltas_waiting_and_reads_never_wait() -> None:
+    accountant = Accountant()
+    reference = StatsRegistry()
+    for seq in range(1, 4):
+        envelope: Envelope[Event] = Envelope(seq, 1.0, TextDelta(message_id="m", text="ab "), "s1")
+        accountant.observe_run([envelope], 1.0)
+        reference.observe(envelope, 1.0)
+        accountant.settle(stretch=4)
+        assert accountant.deferred_deltas == seq  # not yet a stretch: they wait
+    assert accountant.session_stats("s1", 2.0) == reference.session_stats("s1", 2.0)
+    assert accountant.deferred_deltas == 0  # the read took them all
+    for seq in range(4, 8):
+        accountant.observe(Envelope(seq, 3.0, TextDelta(message_id="m", text="cd "), "s1"), 3.0)
+    accountant.settle(stretch=4)
+    assert accountant.deferred_deltas == 0  # a stretch: accounted at once

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from busd.client import connect
+from busd.core.accounting import SETTLE_STRETCH
 from busd.core.coalesce import Accumulator
 from busd.core.cohorts import Cohort, Log, SharedBatch
 from busd.core.events import (
@@ -464,13 +465,28 @@ async def test_a_burst_that_ends_with_its_own_pass_does_not_wake_the_task() -> N
             daemon.publish_frame_and_settle(burst(i), source="t")
             await trio.testing.wait_all_tasks_blocked()
         assert daemon.fanout.statistics().task_wakeups == woken
-        assert daemon.accountant.deferred_deltas == 0  # settled: accounted too
+        assert daemon.accountant.deferred_deltas < SETTLE_STRETCH  # accounted in stretches
         for i in range(10, 20):  # a pass after the burst, the task woken all the same
             daemon.publish_frame(burst(i), source="t")
             daemon.settle()
             await trio.testing.wait_all_tasks_blocked()
         assert daemon.fanout.statistics().task_wakeups == woken + 10
         assert [e.event for e in recorder.events] == [o.event for i in range(20) for o in burst(i)]
+
+
+async def test_a_publishers_settle_accounts_its_deltas_once_a_stretch_of_them_waits() -> None:
+    """Accounting a run has a cost of its own: bursts of a few deltas share it."""
+    async with daemon_running() as (daemon, _):
+        for i in range(SETTLE_STRETCH - 1):
+            daemon.publish_frame_and_settle(burst(i), source="t")
+        assert daemon.accountant.deferred_deltas == SETTLE_STRETCH - 1
+        daemon.publish_frame_and_settle(burst(SETTLE_STRETCH - 1), source="t")
+        assert daemon.accountant.deferred_deltas == 0
+        daemon.publish_frame_and_settle(burst(0), source="t")
+        stats = daemon.session_stats("s1")  # a read takes what waits
+        assert daemon.accountant.deferred_deltas == 0
+        assert stats is not None
+        assert stats.output_tokens > 0
 
 
 async def test_a_wake_up_held_back_without_a_pass_comes_at_the_release() -> None:

@@ -26,7 +26,7 @@ from busd.client import (
     SubscribeFailed,
     connect,
 )
-from busd.core.accounting import Accountant
+from busd.core.accounting import SETTLE_STRETCH, Accountant
 from busd.core.catalog import Catalog
 from busd.core.cohorts import SharedBatch
 from busd.core.events import (
@@ -802,10 +802,10 @@ async def test_settle_delivers_a_burst_before_it_accounts_the_deltas() -> None:
             )
         )
         await nursery.start(dispatcher.run)
-        for i in range(5):
+        for i in range(SETTLE_STRETCH):  # a stretch: accounted at this settle
             daemon.publish(TextDelta(message_id="m", text=f"{i} "), session_id="s1")
         daemon.settle()
-        assert pending_at_delivery == [5]
+        assert pending_at_delivery == [SETTLE_STRETCH]
         assert daemon.accountant.deferred_deltas == 0
         nursery.cancel_scope.cancel()
 

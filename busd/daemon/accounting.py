@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import trio
 
-from ..core.accounting import Accountant, Derived
+from ..core.accounting import SETTLE_STRETCH, Accountant, Derived
 from ..core.bus import Bus, Handle
 from ..core.events import Envelope, Event
 
@@ -52,7 +52,7 @@ class AccountingService:
 
     def settle(self) -> None:
         """:meth:`Accountant.settle`: the caller's burst of events is over."""
-        self.accountant.settle()
+        self.accountant.settle(stretch=SETTLE_STRETCH)
 
     def _on_event(self, envelope: Envelope[Event]) -> None:
         self._publish(self.accountant.observe(envelope, self._clock()))
