@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from busd.core.events import Envelope, Event, TextDelta
-from busd.core.history import RECENT, History, Replay
+from busd.core.history import RECENT, STRETCH, History, Replay
 from busd.wire import encode_envelope
 
 _DECODE = msgspec.msgpack.Decoder(Envelope[TextDelta])
@@ -336,3 +336,39 @@ def test_a_replay_reads_what_was_held_when_it_was_taken_while_the_ring_goes_on()
         list(range(115, 121)),
     ]
     assert [r for _, raws in replay.chunks(3) for r in raws] == [raw(s) for s in range(101, 121)]
+
+
+@given(
+    capacity=st.integers(1, 80),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["append", "extend", "read"]), st.integers(0, 2 * STRETCH)),
+        max_size=30,
+    ),
+)
+def test_events_waiting_for_their_stretch_are_seen_by_every_read(
+    capacity: int, steps: list[tuple[str, int]]
+) -> None:
+    """Appends go into the ring STRETCH at a time; whenever anyone reads, it is as if each
+    had gone in at once (the model: the last ``capacity`` of everything appended)."""
+    history = History(capacity)
+    appended: list[Envelope[Event]] = []
+    for op, n in steps:
+        if op == "read":
+            held = appended[-capacity:]
+            assert len(history) == len(held)
+            assert history.oldest_seq == (held[0].seq if held else None)
+            assert history.statistics().appended == len(appended)
+            assert seqs_of(history.since(n)) == [e.seq for e in held if e.seq > n]
+            if appended:
+                assert history.raw_of(appended[-1]) == encode_envelope(appended[-1])
+            continue
+        run = [env(s) for s in range(len(appended) + 1, len(appended) + n + 1)]
+        if op == "append":
+            for envelope in run:
+                history.append(envelope, encode_envelope(envelope))
+        else:
+            history.extend(run, [encode_envelope(e) for e in run])
+        appended += run
+        assert history.head_seq == len(appended)  # at once, kept or not
+    held = appended[-capacity:]
+    assert seqs_of(history.since(0)) == [e.seq for e in held]
