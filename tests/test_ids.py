@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
+from collections.abc import Callable
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from busd.core.bus import Bus
 from busd.core.events import SessionIdle
@@ -72,3 +77,48 @@ def test_many_ids_are_what_as_many_calls_give_also_across_carries() -> None:
         assert all(uuid.UUID(i).version == 7 for i in got)
     assert [_low(i) for i in bulk.many(3)] == [10, 11, 12]  # past the wrap: base + 14 + k - 2**74
     assert [_low(bulk())] == [13]
+
+
+@given(
+    base=st.one_of(
+        st.integers(0, (1 << 74) - 1),
+        st.builds(  # a few ids before a carry into the cached part, or the 74 bits' wrap
+            lambda m, k: ((m << 48) - k) % (1 << 74), st.integers(1, 1 << 26), st.integers(1, 70)
+        ),
+    ),
+    steps=st.lists(st.one_of(st.just("call"), st.just("prepare"), st.integers(0, 70)), max_size=40),
+    ms_steps=st.lists(st.integers(0, 70_000), min_size=1, max_size=8),
+)
+def test_prepared_ids_are_the_ids_made_without_preparing(
+    base: int, steps: list[str | int], ms_steps: list[int]
+) -> None:
+    """Formatting the last groups ahead changes no id: across carries into the cached part,
+    the 74 bits' wrap and the first group's turn (every 65,536 ms)."""
+    base_ms = 1_764_000_000_000 + 65_536 - 3
+
+    def clock() -> Callable[[], int]:
+        times = itertools.accumulate(itertools.cycle(ms_steps), initial=base_ms)
+        return lambda: next(times) * 1_000_000
+
+    prepared, plain = EventIds(base=base, clock=clock()), EventIds(base=base, clock=clock())
+    reads = clock()  # the millisecond each call and each many() reads
+    made: list[str] = []
+    for step in steps:
+        match step:
+            case "prepare":
+                prepared.prepare()
+                continue
+            case "call":
+                new = [prepared()]
+                assert new == [plain()]
+            case int(n):
+                new = prepared.many(n)
+                assert new == plain.many(n)
+        ms = reads() // 1_000_000
+        assert [uuid.UUID(i).int >> 80 for i in new] == [ms] * len(new)
+        made += new
+    assert all(uuid.UUID(i).version == 7 for i in made)
+    assert len(set(made)) == len(made)
+    assert [_low(i) for i in made] == [
+        (base + k) & ((1 << 74) - 1) for k in range(1, len(made) + 1)
+    ]

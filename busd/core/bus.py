@@ -54,6 +54,10 @@ class HandlerError:
 ErrorListener = Callable[[HandlerError], object]
 
 
+def _nothing() -> None:
+    """``Bus.prepare_ids`` for an id source that has nothing to prepare."""
+
+
 @dataclass(frozen=True, slots=True)
 class BusStatistics:
     head_seq: int
@@ -125,6 +129,8 @@ class Bus:
         self._new_ids: Callable[[int], list[str]] = getattr(
             self._new_id, "many", lambda n: [self._new_id() for _ in range(n)]
         )
+        self.prepare_ids: Callable[[], None] = getattr(self._new_id, "prepare", _nothing)
+        """Have the next ids ready (:meth:`EventIds.prepare`): for where nothing waits."""
         self._seq = first_seq - 1
         self._exact: dict[str, list[_Entry]] = {}
         self._patterns: list[_Entry] = []

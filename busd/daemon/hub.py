@@ -490,7 +490,10 @@ class Daemon:
         return None
 
     def settle(self) -> None:
-        """A publisher's burst is over: deliver what needs no waiting, then account its deltas.
+        """A publisher's burst is over: deliver what needs no waiting, then the bookkeeping.
+
+        The bookkeeping: account the deltas (in stretches) and have the
+        next burst's ids ready.
 
         A connection calls this before it waits for more input; anything
         else that publishes is covered by the fan-out's task and the
@@ -499,6 +502,7 @@ class Daemon:
         """
         self.fanout.flush_nowait()
         self._accounting.settle()
+        self.bus.prepare_ids()  # the next burst's ids, formatted while nobody waits
 
     def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
         """:meth:`_on_event` for a run (of one type: deltas), in one call."""
