@@ -54,7 +54,7 @@ from busd.daemon.server import Server
 from busd.plugins.adapters import Adapter, Emitted, Translator, as_mapping
 from busd.plugins.hookspecs import Service, hookimpl
 from busd.plugins.host import PluginHost
-from busd.plugins.manager import HookFailure, PluginManager, supervise
+from busd.plugins.manager import KEPT_FAILURES, REPORT_EVERY, HookFailure, PluginManager, supervise
 from busd.wire import Ingest
 
 from .daemon_helpers import RawClient
@@ -502,6 +502,55 @@ def test_an_unhashable_plugin_key_is_a_plugin_failure_not_a_key() -> None:
     [failure] = daemon.plugins.failures
     assert (failure.plugin, failure.hook) == ("unhashablekeys-1", "busd_coalescing_key")
     assert "unhashable" in failure.error
+
+
+def test_a_hook_failing_on_every_call_is_counted_always_and_reported_now_and_then(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A keyer that raises is asked for every keyed envelope of every cohort: a log line,
+    a kept failure and a ``busd.internal.error`` each time flooded the log and the bus and
+    grew without bound in a daemon left running."""
+    now = [0.0]
+    pm = PluginManager(environ={}, clock=lambda: now[0])
+    pm.register(RaisingKeys(), name="raisingkeys")
+    pm.register(EventTypes(BuildProgress), name="types")
+    reported: list[HookFailure] = []
+    pm.on_error = reported.append
+    progress = Envelope[Event](seq=1, ts=0.0, event=BuildProgress(build="a", percent=1))
+
+    with caplog.at_level(logging.ERROR, logger="busd.plugins"):
+        for _ in range(1000):
+            assert pm.coalescing_key(progress) is None
+        assert pm.failure_count == 1000
+        assert len(pm.failures) == KEPT_FAILURES  # the latest, for busd plugins
+        assert [f.error for f in reported] == ["RuntimeError: keyer exploded"]
+        assert len(caplog.records) == 1
+        now[0] += REPORT_EVERY - 0.5
+        pm.coalescing_key(progress)
+        assert len(reported) == 1  # still within the interval
+        now[0] += 0.5
+        pm.coalescing_key(progress)
+    assert pm.failure_count == 1002
+    assert [f.error for f in reported][1:] == [
+        "RuntimeError: keyer exploded (and 1000 more failures of this hook since the last "
+        f"report, {REPORT_EVERY:g} s ago)"
+    ]
+    assert len(caplog.records) == 2
+
+
+async def test_a_keyer_failing_on_every_envelope_is_one_internal_error_not_one_each() -> None:
+    daemon = Daemon(plugins=manager(RaisingKeys(), EventTypes(BuildProgress)))
+    errors = internal_errors(daemon)
+    progress = Envelope[Event](seq=1, ts=0.0, event=BuildProgress(build="a", percent=1))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        for _ in range(500):
+            assert daemon.keyer(progress) is None  # no key: kept, never superseded
+        assert [(e.plugin, e.where, e.message) for e in errors] == [
+            ("raisingkeys-0", "busd_coalescing_key", "RuntimeError: keyer exploded")
+        ]
+        assert daemon.status()["plugin_failures"] == 500
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_plugin_key_lets_the_later_event_supersede_the_earlier_one(

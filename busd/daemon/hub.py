@@ -659,7 +659,7 @@ class Daemon:
             "runs_active": sum(1 for r in self.runs.runs() if r["status"] == "running"),
             "runs_total": len(self.runs.runs()),
             "plugins": [info.name for info in self.plugins.plugins()],
-            "plugin_failures": len(self.plugins.failures) + len(self._startup_failures),
+            "plugin_failures": self.plugins.failure_count + len(self._startup_failures),
         }
 
     @property

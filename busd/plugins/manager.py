@@ -43,6 +43,8 @@ from .host import PluginHost
 __all__ = [
     "BUILTIN_PLUGINS",
     "ENTRY_POINT_GROUP",
+    "KEPT_FAILURES",
+    "REPORT_EVERY",
     "HookFailure",
     "PluginInfo",
     "PluginManager",
@@ -57,6 +59,16 @@ BLOCK = "BUSD_BLOCK_PLUGINS"
 
 BUILTIN_PLUGINS: Final[Mapping[str, str]] = {"busd.replay": "busd.plugins.replay"}
 """Plugin name to module, for the plugins that are part of busd (distribution ``busd``)."""
+
+KEPT_FAILURES: Final = 100
+"""Failures (and slow calls) a manager keeps, the latest; ``failure_count`` has them all."""
+REPORT_EVERY: Final = 10.0
+"""Seconds between two reports (a log line, ``on_error``) of one plugin's failures in one hook.
+
+A hook that raises on every call (a keyer is asked for every keyed envelope
+of every cohort) would otherwise be a log line and a ``busd.internal.error``
+per call: the first failure is reported, then at most one an interval, with
+how many were not."""
 
 
 class PluginInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +101,7 @@ class PluginManager:
         environ: Mapping[str, str] = os.environ,
         slow_hook: float = 0.25,
         on_error: ErrorListener | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
@@ -96,7 +109,13 @@ class PluginManager:
         self.slow_hook = slow_hook
         self.on_error = on_error
         self.failures: list[HookFailure] = []
+        """The latest :data:`KEPT_FAILURES` failures."""
+        self.failure_count = 0
+        """Every failure since the manager was made."""
         self.slow_calls: list[tuple[str, str, float]] = []
+        """The latest :data:`KEPT_FAILURES` calls over ``slow_hook``."""
+        self._clock = clock
+        self._reported: dict[tuple[str, str], tuple[float, int]] = {}  # when, and since then
         self._dists: dict[str, tuple[str | None, str | None]] = {}
         self._register_builtins()
 
@@ -284,6 +303,7 @@ class PluginManager:
                 elapsed = time.perf_counter() - started
                 if elapsed > self.slow_hook:
                     self.slow_calls.append((impl.plugin_name, hook_name, elapsed))
+                    del self.slow_calls[:-KEPT_FAILURES]
                     logger.warning(
                         "plugin %r blocked the daemon for %.2fs in %s: hooks must be quick",
                         impl.plugin_name,
@@ -293,8 +313,23 @@ class PluginManager:
             yield impl.plugin_name, result
 
     def _failed(self, plugin: str, hook: str, exc: BaseException) -> None:
+        """Count and keep a failure; report it unless this hook's was reported lately."""
         failure = HookFailure(plugin=plugin, hook=hook, error=f"{type(exc).__name__}: {exc}")
+        self.failure_count += 1
         self.failures.append(failure)
+        del self.failures[:-KEPT_FAILURES]
+        now = self._clock()
+        last = self._reported.get((plugin, hook))
+        if last is not None and now - last[0] < REPORT_EVERY:
+            self._reported[plugin, hook] = (last[0], last[1] + 1)
+            return
+        self._reported[plugin, hook] = (now, 0)
+        if last is not None and last[1]:
+            error = (
+                f"{failure.error} (and {last[1]} more failures of this hook since the last "
+                f"report, {now - last[0]:g} s ago)"
+            )
+            failure = HookFailure(plugin=plugin, hook=hook, error=error)
         logger.error("plugin %r failed in %s: %s", plugin, hook, failure.error, exc_info=exc)
         if self.on_error is not None:
             self.on_error(failure)
