@@ -237,8 +237,9 @@ async def member(
     merge: bool = True,
     sessions: list[str] | None = None,
     sub_id: int = 1,
+    recorder: Recorder | None = None,
 ) -> tuple[Subscription, Recorder]:
-    recorder = Recorder()
+    recorder = Recorder() if recorder is None else recorder
     dispatcher = BatchDispatcher(
         recorder.send,
         window=window,
@@ -541,6 +542,38 @@ async def test_a_burst_goes_out_before_the_bookkeeping_after_the_fan_out() -> No
         # Written with the last run (seqs first+4..first+6) not in the ring yet; then it is.
         assert ring_at_write == [first + 3]
         assert daemon.history.head_seq == first + 6
+
+
+class NoRoom(Recorder):
+    """A member whose socket never has room for a direct write: its loop sends."""
+
+    def send_shared(self, batch: SharedBatch) -> bool:
+        return False
+
+
+async def test_every_member_is_written_before_any_counts_the_batch_sent() -> None:
+    """The dispatchers' bookkeeping of a pass comes after the cohort's last write: the
+    later members' writes do not wait for the earlier members' counters. A member that is
+    busy still gets the batch, buffered, and a flush still waits for what was written."""
+    async with daemon_running() as (daemon, nursery):
+        members = [await member(daemon, nursery, patterns=INFO) for _ in range(3)]
+        slow, slow_recorder = await member(daemon, nursery, patterns=INFO, recorder=NoRoom())
+        await trio.testing.wait_all_tasks_blocked()
+        sent_at_writes: list[list[int]] = []
+        for _, recorder in members:
+            recorder.writing = lambda: sent_at_writes.append(
+                [m.dispatcher.statistics().batches_sent for m, _ in members]
+            )
+        info = daemon.publish(SessionInfo(message="one"), session_id="s1")
+        daemon.settle()
+        assert sent_at_writes == [[0, 0, 0]] * 3
+        assert [m.dispatcher.statistics().batches_sent for m, _ in members] == [1, 1, 1]
+        for sub, recorder in members:
+            await sub.dispatcher.flush()  # returns: the written batch counts as sent
+            assert [e.event for e in recorder.events] == [info.event]
+        await slow.dispatcher.flush()
+        assert [e.event for e in slow_recorder.events] == [info.event]
+        assert slow_recorder.direct == 0  # by the loop, after the failed attempt
 
 
 async def test_what_handlers_publish_inside_a_burst_goes_out_once_in_order() -> None:

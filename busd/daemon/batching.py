@@ -256,29 +256,20 @@ class BatchDispatcher:
         if self._state is not _OPEN:
             self._add_when_not_open(len(batch.envelopes))
             return
-        send_shared = self._send_shared
-        if self._idle and self._ready is None and not self._acc and send_shared is not None:
-            if now is None:
-                now = trio.current_time()
-            if now >= self._last_flush + self._window:
-                self._added += len(batch.envelopes)
-                ticket = self._added
-                self._inflight_first = batch.first_seq  # if send_shared raises: not delivered
-                if send_shared(batch):
-                    self._inflight_first = None
-                    self._drained = self._sent = ticket
-                    self._last_flush = now
-                    self._sent_batch(len(batch.envelopes))
-                    return
-                # No room: the loop sends it, waiting as a send does.
-                self._inflight_first = None
-                self._ready, self._ready_first, self._ready_ticket = (
-                    batch.envelopes,
-                    batch.first_seq,
-                    ticket,
-                )
-                self._woken()
-                return
+        if now is None:
+            now = trio.current_time()
+        if self.write_now(batch, now):
+            self.written(batch, now)
+            return
+        if self._at_once(now):  # no room: the loop sends it, waiting as a send does
+            self._added += len(batch.envelopes)
+            self._ready, self._ready_first, self._ready_ticket = (
+                batch.envelopes,
+                batch.first_seq,
+                self._added,
+            )
+            self._woken()
+            return
         envelopes = batch.envelopes
         for i, envelope in enumerate(envelopes):
             if not self._buffer(envelope):  # overflowed: the rest is ignored, and counted
@@ -286,6 +277,48 @@ class BatchDispatcher:
                 return
         self._acc.hold_from(batch.first_seq)
         self._woken()
+
+    def _at_once(self, now: float) -> bool:
+        """Whether a batch offered now goes to ``send_shared`` rather than the buffer."""
+        return (
+            self._state is _OPEN
+            and self._idle
+            and self._ready is None
+            and not self._acc
+            and self._send_shared is not None
+            and now >= self._last_flush + self._window
+        )
+
+    def write_now(self, batch: SharedBatch, now: float) -> bool:
+        """:meth:`offer`'s path for an idle subscriber, up to the write and no further.
+
+        ``True``: ``batch`` went to ``send_shared``; call :meth:`written`
+        for it, which the fan-out does once every member of the cohort was
+        written (the bookkeeping waits, the later members' writes do not).
+        ``False``: nothing happened (busy, window not passed, no room, not
+        open); :meth:`offer` it. Raises as :meth:`offer` does.
+        """
+        send_shared = self._send_shared
+        if not (  # _at_once, inlined: once per member and pass
+            self._state is _OPEN
+            and self._idle
+            and self._ready is None
+            and not self._acc
+            and send_shared is not None
+            and now >= self._last_flush + self._window
+        ):
+            return False
+        self._inflight_first = batch.first_seq  # if send_shared raises: not delivered
+        done = send_shared(batch)
+        self._inflight_first = None
+        return done
+
+    def written(self, batch: SharedBatch, now: float) -> None:
+        """The bookkeeping of a batch :meth:`write_now` wrote: counted as sent at ``now``."""
+        self._added += len(batch.envelopes)
+        self._drained = self._sent = self._added
+        self._last_flush = now
+        self._sent_batch(len(batch.envelopes))
 
     def _buffer(self, envelope: Envelope[Event]) -> bool:
         """Add one envelope to the buffer; ``False`` when the subscriber overflowed instead."""
