@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.core.bus import Bus, HandlerError
+from busd.core.bus import REPORT_EVERY, Bus, HandlerError
 from busd.core.errors import InvalidPattern, UnknownEventType
 from busd.core.events import (
     Envelope,
@@ -103,6 +103,39 @@ def test_a_raising_handler_is_isolated_counted_and_reported(
     assert isinstance(errors[0].exception, RuntimeError)
     assert errors[0].handler is broken
     assert "failed on stream.text.delta" in caplog.text
+
+
+def test_a_handler_failing_on_every_event_is_logged_now_and_then_and_always_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A traceback per event (a plugin's handler broken on deltas) flooded the log and
+    slowed the daemon for everyone: the first is logged, then one an interval."""
+    now = [0.0]
+    bus = Bus(report_clock=lambda: now[0])
+    errors: list[HandlerError] = []
+    seen: Seen = []
+
+    def broken(envelope: Envelope[Event]) -> None:
+        raise RuntimeError("boom")
+
+    bus.on("stream.text.delta", broken)
+    bus.on_all(recorder(seen, "all"))
+    bus.on_internal_error(errors.append)
+    with caplog.at_level(logging.ERROR, logger="busd.bus"):
+        for _ in range(1000):
+            bus.publish(delta())
+        bus.publish_stretch(
+            [delta(), delta()], session_id=None, run_id=None, agent_id=None, stale=False
+        )
+        assert len(caplog.records) == 1
+        now[0] += REPORT_EVERY
+        bus.publish(delta())
+    assert bus.statistics().handler_errors == len(errors) == 1003  # every one counted and told
+    assert len(seen) == 1003  # and the other handlers saw every event
+    assert len(caplog.records) == 2
+    assert caplog.records[1].getMessage().endswith(
+        f"(and 1001 more failures of this handler since the last report, {REPORT_EVERY:g} s ago)"
+    )
 
 
 def test_a_raising_error_listener_does_not_break_dispatch() -> None:

@@ -31,6 +31,7 @@ import pluggy
 import trio
 
 from .._version import __version__
+from ..core.bus import REPORT_EVERY as BUS_REPORT_EVERY
 from ..core.errors import PluginConfigError
 from ..core.events import Envelope, Event, PermissionRequested
 from . import hookspecs
@@ -62,13 +63,13 @@ BUILTIN_PLUGINS: Final[Mapping[str, str]] = {"busd.replay": "busd.plugins.replay
 
 KEPT_FAILURES: Final = 100
 """Failures (and slow calls) a manager keeps, the latest; ``failure_count`` has them all."""
-REPORT_EVERY: Final = 10.0
+REPORT_EVERY: Final = BUS_REPORT_EVERY
 """Seconds between two reports (a log line, ``on_error``) of one plugin's failures in one hook.
 
 A hook that raises on every call (a keyer is asked for every keyed envelope
 of every cohort) would otherwise be a log line and a ``busd.internal.error``
 per call: the first failure is reported, then at most one an interval, with
-how many were not."""
+how many were not (as the bus does for its handlers)."""
 
 
 class PluginInfo(msgspec.Struct, frozen=True, kw_only=True):
