@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from busd.core.bus import REPORT_EVERY, Bus, HandlerError
+from busd.core.bus import Bus, HandlerError
 from busd.core.errors import InvalidPattern, UnknownEventType
 from busd.core.events import (
     Envelope,
@@ -19,6 +19,7 @@ from busd.core.events import (
     TokenUsage,
     Usage,
 )
+from busd.core.reports import REPORT_EVERY
 
 Seen = list[tuple[str, int]]
 

@@ -47,6 +47,7 @@ from busd.core.events import (
     Usage,
     event_type,
 )
+from busd.core.reports import REPORT_EVERY
 from busd.daemon.batching import BatchDispatcher
 from busd.daemon.endpoint import Endpoint
 from busd.daemon.hub import Daemon
@@ -54,7 +55,7 @@ from busd.daemon.server import Server
 from busd.plugins.adapters import Adapter, Emitted, Translator, as_mapping
 from busd.plugins.hookspecs import Service, hookimpl
 from busd.plugins.host import PluginHost
-from busd.plugins.manager import KEPT_FAILURES, REPORT_EVERY, HookFailure, PluginManager, supervise
+from busd.plugins.manager import KEPT_FAILURES, HookFailure, PluginManager, supervise
 from busd.wire import Ingest
 
 from .daemon_helpers import RawClient

@@ -26,23 +26,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Final
 
 from .catalog import Catalog
 from .errors import UnknownEventType
 from .events import Envelope, Event
 from .ids import EventIds
 from .patterns import Pattern, is_pattern
+from .reports import Reports
 
-__all__ = [
-    "REPORT_EVERY",
-    "Bus",
-    "BusStatistics",
-    "Handle",
-    "Handler",
-    "HandlerError",
-    "ManyHandler",
-]
+__all__ = ["Bus", "BusStatistics", "Handle", "Handler", "HandlerError", "ManyHandler"]
 
 logger = logging.getLogger("busd.bus")
 
@@ -61,15 +53,6 @@ class HandlerError:
 
 
 ErrorListener = Callable[[HandlerError], object]
-
-REPORT_EVERY: Final = 10.0
-"""Seconds between two log lines for one handler's failures (plugins' hooks too).
-
-A handler that raises on every event would be a traceback per event, a
-flood that slows the daemon for everyone: its first failure is logged, then
-at most one an interval, with how many were not. Every failure is still
-counted and told to the error listeners."""
-_MAX_REPORTED = 1024  # failing handlers remembered; past it, each is new again
 
 
 def _nothing() -> None:
@@ -161,8 +144,9 @@ class Bus:
         self._dispatching = False
         self._published = 0
         self._handler_errors = 0
-        self._report_clock = report_clock
-        self._reported: dict[object, tuple[float, int]] = {}  # handler -> last log, since
+        # A handler failing on every event: logged first, then now and then (core.reports);
+        # every failure is still counted and told to the listeners.
+        self._reports = Reports("handler", clock=report_clock)
 
     # -- registration --------------------------------------------------------
 
@@ -379,20 +363,8 @@ class Bus:
 
     def _handler_failed(self, envelope: Envelope[Event], handler: Handler, exc: Exception) -> None:
         self._handler_errors += 1
-        now = self._report_clock()
-        last = self._reported.get(handler)
-        if last is not None and now - last[0] < REPORT_EVERY:
-            self._reported[handler] = (last[0], last[1] + 1)
-        else:
-            if len(self._reported) >= _MAX_REPORTED:
-                self._reported.clear()
-            self._reported[handler] = (now, 0)
-            more = (
-                f" (and {last[1]} more failures of this handler since the last report, "
-                f"{now - last[0]:g} s ago)"
-                if last is not None and last[1]
-                else ""
-            )
+        more = self._reports.due(handler)
+        if more is not None:
             logger.error(
                 "handler %r failed on %s (seq %d)%s",
                 handler,

@@ -299,14 +299,7 @@ class BatchDispatcher:
         open); :meth:`offer` it. Raises as :meth:`offer` does.
         """
         send_shared = self._send_shared
-        if not (  # _at_once, inlined: once per member and pass
-            self._state is _OPEN
-            and self._idle
-            and self._ready is None
-            and not self._acc
-            and send_shared is not None
-            and now >= self._last_flush + self._window
-        ):
+        if send_shared is None or not self._at_once(now):
             return False
         self._inflight_first = batch.first_seq  # if send_shared raises: not delivered
         done = send_shared(batch)

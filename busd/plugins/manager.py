@@ -31,9 +31,9 @@ import pluggy
 import trio
 
 from .._version import __version__
-from ..core.bus import REPORT_EVERY as BUS_REPORT_EVERY
 from ..core.errors import PluginConfigError
 from ..core.events import Envelope, Event, PermissionRequested
+from ..core.reports import Reports
 from . import hookspecs
 from .adapters import Adapter
 from .agenthooks import AgentHooks
@@ -45,7 +45,6 @@ __all__ = [
     "BUILTIN_PLUGINS",
     "ENTRY_POINT_GROUP",
     "KEPT_FAILURES",
-    "REPORT_EVERY",
     "HookFailure",
     "PluginInfo",
     "PluginManager",
@@ -63,13 +62,6 @@ BUILTIN_PLUGINS: Final[Mapping[str, str]] = {"busd.replay": "busd.plugins.replay
 
 KEPT_FAILURES: Final = 100
 """Failures (and slow calls) a manager keeps, the latest; ``failure_count`` has them all."""
-REPORT_EVERY: Final = BUS_REPORT_EVERY
-"""Seconds between two reports (a log line, ``on_error``) of one plugin's failures in one hook.
-
-A hook that raises on every call (a keyer is asked for every keyed envelope
-of every cohort) would otherwise be a log line and a ``busd.internal.error``
-per call: the first failure is reported, then at most one an interval, with
-how many were not (as the bus does for its handlers)."""
 
 
 class PluginInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,8 +107,9 @@ class PluginManager:
         """Every failure since the manager was made."""
         self.slow_calls: list[tuple[str, str, float]] = []
         """The latest :data:`KEPT_FAILURES` calls over ``slow_hook``."""
-        self._clock = clock
-        self._reported: dict[tuple[str, str], tuple[float, int]] = {}  # when, and since then
+        # A hook failing on every call (a keyer is asked for every keyed envelope of every
+        # cohort): logged and on_error first, then now and then (core.reports).
+        self._reports = Reports("hook", clock=clock)
         self._dists: dict[str, tuple[str | None, str | None]] = {}
         self._register_builtins()
 
@@ -319,18 +312,11 @@ class PluginManager:
         self.failure_count += 1
         self.failures.append(failure)
         del self.failures[:-KEPT_FAILURES]
-        now = self._clock()
-        last = self._reported.get((plugin, hook))
-        if last is not None and now - last[0] < REPORT_EVERY:
-            self._reported[plugin, hook] = (last[0], last[1] + 1)
+        more = self._reports.due((plugin, hook))
+        if more is None:
             return
-        self._reported[plugin, hook] = (now, 0)
-        if last is not None and last[1]:
-            error = (
-                f"{failure.error} (and {last[1]} more failures of this hook since the last "
-                f"report, {now - last[0]:g} s ago)"
-            )
-            failure = HookFailure(plugin=plugin, hook=hook, error=error)
+        if more:
+            failure = HookFailure(plugin=plugin, hook=hook, error=failure.error + more)
         logger.error("plugin %r failed in %s: %s", plugin, hook, failure.error, exc_info=exc)
         if self.on_error is not None:
             self.on_error(failure)
