@@ -1,17 +1,22 @@
 """Staging: the journal inserts events as they come, and commits them once per write.
 
 The writer thread's inserts used to come in one burst per write (every
-50 ms), which delayed the events fanned out meanwhile; now, once
+50 ms), which delayed the events fanned out meanwhile; now, when a
+publisher's burst ends (``Journal.stage_now``, the daemon's settle) and
 ``stage_events`` wait (at most every ``stage_every`` seconds), they are
-staged into the transaction the write then commits.
+staged into the transaction the write then commits, in a worker thread
+that answers by a callback.
 What must hold: nothing staged is visible or counted as journaled before
 the commit, a failure anywhere leaves every event written exactly once
-(or recorded lost at a stop), and a stop commits what was staged.
+(or recorded lost at a stop), a stop commits what was staged, the file is
+never used by a stage and the writer at once, and a stage costs the
+writer's task no step.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from busd.core.events import Envelope, Event, TextDelta
 from busd.core.ids import new_event_id
@@ -78,6 +84,12 @@ async def staged(file: StagingFile, count: int) -> None:
         await file.on_stage.wait()
 
 
+async def answered(journal: Journal) -> None:
+    """Wait until the journal has the answer of its stage in flight (its callback ran)."""
+    while journal._staging is not None:
+        await journal._staging.wait()
+
+
 def journal_on(file: JournalFile, **options: Any) -> Journal:
     return Journal(file, file.recover(reserve=1000, sessions=0), sessions=lambda s: [], **options)
 
@@ -88,9 +100,11 @@ def staging_each_event(file: JournalFile, **options: Any) -> Journal:
 
 
 def append(journal: Journal, seqs: range) -> None:
+    """A publisher's burst: its events queued, then staged if it is time (the daemon's settle)."""
     for seq in seqs:
         e = envelope(seq)
         journal.append(e, encode_envelope(e))
+    journal.stage_now()
 
 
 async def first_write(journal: Journal) -> None:
@@ -310,27 +324,95 @@ async def test_unstaged_events_are_inserted_by_the_write(
     await journal.aclose()
 
 
-async def test_at_a_slow_pace_the_writer_sleeps_until_the_write(tmp_path: Path) -> None:
-    """No wake-up every ``stage_every`` while fewer than ``stage_events`` wait."""
+async def test_at_a_slow_pace_nothing_is_staged_until_enough_events_wait(tmp_path: Path) -> None:
+    """Fewer than ``stage_events`` are not worth a trip to the thread: the write inserts them."""
     file = staging(tmp_path / "j.sqlite3")
     journal = journal_on(file, interval=0.05, stage_every=0.001, stage_events=32)
-    stage = journal._stage
-    woken: list[int] = []
-
-    async def counted() -> None:
-        woken.append(len(journal._pending))
-        await stage()
-
-    journal._stage = counted  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         await first_write(journal)
-        append(journal, range(2, 7))
+        for seq in range(2, 7):  # bursts of one event
+            append(journal, range(seq, seq + 1))
         await journal.journaled(6)
-        assert woken == []
-        append(journal, range(7, 50))  # 43 more: enough to stage
+        assert file.staged_calls == []
+        append(journal, range(7, 50))  # 43 more in a burst: enough to stage
+        await staged(file, 43)
         await journal.journaled(49)
         nursery.cancel_scope.cancel()
-    assert woken
-    assert min(woken) >= 32
+    assert file.staged_calls == [43]
     await journal.aclose()
+
+
+class WriterSteps(trio.abc.Instrument):
+    """Counts the steps of the journal's writer task."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("Journal.run"):
+            self.steps += 1
+
+
+async def test_a_stage_costs_the_writer_task_no_step(tmp_path: Path) -> None:
+    """The stage starts at the burst's end and answers by a callback: the writer task sleeps
+    until its write (it used to wake for each stage, four task switches a stage)."""
+    file = staging(tmp_path / "j.sqlite3")
+    journal = journal_on(file, interval=60.0, stage_every=1e-9, stage_events=5)
+    steps = WriterSteps()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        append(journal, range(2, 12))  # the first events of a batch wake the writer, once
+        await answered(journal)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for start in range(12, 112, 10):
+                append(journal, range(start, start + 10))
+                await answered(journal)
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert steps.steps == 0
+        assert file.staged_calls == [10] * 11
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
+    assert seqs_in(file.path) == list(range(1, 112))
+
+
+async def test_a_write_waits_for_the_stage_in_flight(tmp_path: Path) -> None:
+    """One connection, one thread at a time: a batch that fills while a stage is in its
+    thread is written once the stage is done, with the stage's rows in it."""
+    file = staging(tmp_path / "j.sqlite3")
+    journal = journal_on(file, interval=60.0, stage_every=1e-9, stage_events=1, batch_events=15)
+    entered, release = trio.Event(), threading.Event()
+    stage, write = file.stage, file.write
+    staged_at_write: list[int] = []
+
+    def slow_stage(envelopes: Sequence[Envelope[Event]], raws: Sequence[msgspec.Raw]) -> None:
+        trio.from_thread.run_sync(entered.set, trio_token=file.token)
+        release.wait()
+        stage(envelopes, raws)
+
+    def counted_write(*args: Any, **kwargs: Any) -> Any:
+        staged_at_write.append(file.staged)
+        return write(*args, **kwargs)
+
+    file.write = counted_write  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        file.stage = slow_stage  # type: ignore[method-assign]
+        append(journal, range(2, 12))  # staged: 10, held in the thread
+        await entered.wait()
+        append(journal, range(12, 17))  # 5 more fill the batch of 15: the write is due
+        await trio.testing.wait_all_tasks_blocked()
+        assert staged_at_write == [0]  # the first write only: the batch's waits for the stage
+        release.set()
+        await journal.journaled(16)
+        nursery.cancel_scope.cancel()
+    assert staged_at_write == [0, 10]
+    assert file.staged_calls == [10]
+    await journal.aclose()
+    assert seqs_in(file.path) == list(range(1, 17))

@@ -492,8 +492,8 @@ class Daemon:
     def settle(self) -> None:
         """A publisher's burst is over: deliver what needs no waiting, then the bookkeeping.
 
-        The bookkeeping: account the deltas (in stretches) and have the
-        next burst's ids ready.
+        The bookkeeping: account the deltas (in stretches), have the next
+        burst's ids ready and stage what the journal holds (in a thread).
 
         A connection calls this before it waits for more input; anything
         else that publishes is covered by the fan-out's task and the
@@ -503,6 +503,8 @@ class Daemon:
         self.fanout.flush_nowait()
         self._accounting.settle()
         self.bus.prepare_ids()  # the next burst's ids, formatted while nobody waits
+        if self.journal is not None:
+            self.journal.stage_now()
 
     def _on_events(self, envelopes: list[Envelope[Event]]) -> None:
         """:meth:`_on_event` for a run (of one type: deltas), in one call."""

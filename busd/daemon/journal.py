@@ -4,11 +4,12 @@ The daemon hands each accepted envelope and its msgpack bytes (the ones it
 already encoded for fan-out) to :meth:`Journal.append`: a list append, on
 the hot path and synchronous. :meth:`Journal.run` writes what piled up in
 one transaction per batch, in a worker thread, every ``interval`` seconds
-or every ``batch_events`` events, whichever comes first; while a batch
-gathers, its events are staged into that transaction once
-``stage_events`` wait, at most every ``stage_every`` seconds (the
-thread's CPU in pieces, not one burst per write; docs/performance.md,
-"Staged inserts"). The highest seq
+or every ``batch_events`` events, whichever comes first. While a batch
+gathers, a publisher's burst that ends (:meth:`Journal.stage_now`, the
+daemon's ``settle``) stages the events into that transaction once
+``stage_events`` wait, at most every ``stage_every`` seconds: the
+thread's CPU in pieces, not one burst per write, and no task switch for
+it (docs/performance.md, "Staged inserts"). The highest seq
 committed is the *journaled watermark* (``status.journal.journaled_seq``):
 every event up to it is in the file, or listed as lost.
 
@@ -44,16 +45,19 @@ shell; a resume reads a :class:`JournalSpan` (:mod:`.journalspan`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypeVar
 
 import msgspec
+import outcome
 import trio
 
 from ..core.events import Envelope, Event
@@ -71,6 +75,9 @@ from .journalfile import (
     parse_size,
     session_row,
 )
+from .journalranges import Published, overlap
+from .journalranges import describe as describe_ranges
+from .journalranges import merge as merge_ranges
 from .journalspan import Found, JournalSpan, Missing, memory_items, page_items
 
 __all__ = [
@@ -97,6 +104,8 @@ __all__ = [
 
 logger = logging.getLogger("busd.journal")
 
+_T = TypeVar("_T")
+
 DEFAULT_MAX_PENDING: Final = 100_000
 DEFAULT_MAX_WAIT: Final = 2.0
 DEFAULT_INTERVAL: Final = 0.05
@@ -109,58 +118,8 @@ _RETRY = 1.0  # seconds before a failed write is tried again
 _PRUNE_ROUNDS = 5  # retention passes at most, each on the size the last one left
 
 
-def _merge(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Inclusive seq ranges, sorted, with overlapping and adjacent ones joined."""
-    merged: list[tuple[int, int]] = []
-    for a, b in sorted(ranges):
-        if merged and a <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
-        else:
-            merged.append((a, b))
-    return merged
-
-
-def _ranges(ranges: Sequence[tuple[int, int]], most: int = 10) -> str:
-    """``11..310, 400`` for the log (the first ``most`` of them)."""
-    text = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in ranges[:most])
-    return text + (f" and {len(ranges) - most} more ranges" if len(ranges) > most else "")
-
-
 class NotJournaled(JournalError):
     """Accepted events the journal does not hold: lost, or not written as the disk fails."""
-
-
-class Published:
-    """The seqs one connection has published, as a few ranges: what its acks answer for.
-
-    Past ``most`` ranges the two oldest join, with the span between them: an
-    ack may then blame a loss that was not this connection's, never miss one.
-    """
-
-    __slots__ = ("most", "ranges")
-
-    def __init__(self, most: int = 64) -> None:
-        self.most = most
-        self.ranges: list[tuple[int, int]] = []
-
-    def add(self, first: int, last: int) -> None:
-        """Seqs ``first..last`` were accepted while one of this connection's frames was handled."""
-        if first > last:
-            return
-        ranges = self.ranges
-        if ranges and first <= ranges[-1][1] + 1:
-            ranges[-1] = (ranges[-1][0], max(last, ranges[-1][1]))
-        else:
-            ranges.append((first, last))
-            if len(ranges) > self.most:
-                ranges[0:2] = [(ranges[0][0], ranges[1][1])]
-
-
-def _overlap(
-    ours: Sequence[tuple[int, int]], lost: Sequence[tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """The parts of ``ours`` inside ``lost``."""
-    return _merge([(max(a, c), min(b, d)) for a, b in ours for c, d in lost if a <= d and c <= b])
 
 
 # -- the Trio shell ------------------------------------------------------------------
@@ -245,7 +204,11 @@ class Journal:
         self._failing = False
         self._stalled = False  # publishers waited max_wait in vain: stop holding them
         self._wake = trio.Event()
-        self._nudge = trio.Event()  # a full batch, or enough events to stage
+        self._nudge = trio.Event()  # a full batch
+        self._token: trio.lowlevel.TrioToken | None = None  # run()'s, for stages' answers
+        self._staging: trio.Event | None = None  # a stage in a worker thread, set when done
+        self._stage_from = -math.inf  # no stage before then (stage_every after the last)
+        self._busy = False  # the task needs the file (a write, retention, the stop): no stage
         self._written = trio.Event()  # set (and replaced) by every successful write
         self._over_size = False
         stats = file.statistics()
@@ -291,7 +254,7 @@ class Journal:
         n = len(pending)
         if n == 1:
             self._wake.set()
-        if n == self._full_at or n == self.stage_events:
+        if n == self._full_at:
             self._nudge.set()
 
     def extend(self, envelopes: list[Envelope[Event]], raws: list[msgspec.Raw]) -> None:
@@ -316,7 +279,7 @@ class Journal:
         n = len(pending)
         if not before:
             self._wake.set()
-        if before < self._full_at <= n or before < self.stage_events <= n:
+        if before < self._full_at <= n:
             self._nudge.set()
 
     def _reserve_ahead(self, seq: int) -> None:
@@ -400,10 +363,10 @@ class Journal:
             return
         last = ranges[-1][1]
         while True:
-            lost = _overlap(ranges, [*self._lost_log, *self._flushing_lost, *self._lost])
+            lost = overlap(ranges, [*self._lost_log, *self._flushing_lost, *self._lost])
             if lost:
                 raise NotJournaled(
-                    f"{sum(b - a + 1 for a, b in lost)} events (seqs {_ranges(lost)}) were "
+                    f"{sum(b - a + 1 for a, b in lost)} events (seqs {describe_ranges(lost)}) were "
                     "delivered but not journaled"
                 )
             if self._journaled >= last:
@@ -434,7 +397,7 @@ class Journal:
         reserved = head + self.max_pending
         sessions = self._sessions(self._sessions_seq)
         try:
-            written = await trio.to_thread.run_sync(
+            written = await self._in_thread(
                 lambda: self.file.write(
                     batch,
                     raws,
@@ -466,7 +429,7 @@ class Journal:
         self._written = trio.Event()
         self._write_error = None
         if lost:
-            self._lost_log = _merge([*self._lost_log, *lost])
+            self._lost_log = merge_ranges([*self._lost_log, *lost])
         self._attempted.set()
         self._attempted = trio.Event()
         counters = self._counters
@@ -487,6 +450,7 @@ class Journal:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write batches, and apply retention at start, every 10 minutes and when over size."""
+        self._token = trio.lowlevel.current_trio_token()
         task_status.started()
         prune_at = trio.current_time()
         while True:
@@ -504,63 +468,97 @@ class Journal:
                 await trio.sleep(_RETRY)
 
     async def _gather(self) -> None:
-        """Wait for the next write (``interval``, or a full batch), staging what comes.
-
-        Once ``stage_events`` wait, and at most every ``stage_every``
-        seconds, they are inserted into the write's transaction
-        (:meth:`JournalFile.stage`): the write's CPU in small pieces, not in
-        one burst that delays the events fanned out meanwhile. The watermark
-        still moves only when the write commits. Slower than that, the task
-        sleeps until the write, as without staging.
-        """
+        """Wait for the next write: ``interval``, or a full batch (stages come meanwhile)."""
         deadline = trio.current_time() + self.interval
-        staging = self.stage_every > 0
-        stage_from = trio.current_time() + self.stage_every  # at most one stage this often
-        while len(self._pending) < self._full_at:
-            ready = staging and len(self._pending) >= self.stage_events
-            self._nudge = trio.Event()  # no wake-up until a stage or the write is due
-            with trio.move_on_at(min(deadline, stage_from) if ready else deadline):
+        while len(self._pending) < self._full_at and trio.current_time() < deadline:
+            self._nudge = trio.Event()
+            with trio.move_on_at(deadline):
                 await self._nudge.wait()
-            now = trio.current_time()
-            if now >= deadline:
-                return
-            if ready and now >= stage_from and len(self._pending) < self._full_at:
-                await self._stage()
-                stage_from = trio.current_time() + self.stage_every
 
-    async def _stage(self) -> None:
-        """Move the pending events to the write in flight and insert them (not committed)."""
-        # A few events are not worth a trip to the thread (an agent's pace: no staging).
-        # Only onto staged events: after a failed write, the retry writes its batch whole.
-        if len(self._pending) < self.stage_events or len(self._flushing) != self.file.staged:
+    def stage_now(self) -> None:
+        """Insert what waits into the write's transaction, in a worker thread, if it is time.
+
+        The daemon calls this when a publisher's burst ends: once
+        ``stage_events`` wait, at most every ``stage_every`` seconds, while
+        the file is free. The thread's answer comes back as a callback, not
+        a task's steps: a stage used to cost the event loop four task
+        switches (docs/performance.md, "Staged inserts"). Events that no
+        burst's end stages (an agent's pace) are inserted by the write.
+        """
+        pending = len(self._pending)
+        if (
+            pending < self.stage_events
+            or pending >= self._full_at  # a full batch: the write is coming, it inserts them
+            or self._staging is not None
+            or self._busy
+            or self._token is None
+            or self.stage_every <= 0
+            or len(self._flushing) != self.file.staged  # after a failed write: no stage
+        ):
             return
+        now = trio.current_time()
+        if now < self._stage_from:
+            return
+        self._stage_from = now + self.stage_every
         events, raws = self._pending, self._pending_raws
         self._pending, self._pending_raws = [], []
         self._flushing.extend(events)
         self._flushing_raws.extend(raws)
         self._full_at = max(1, self.batch_events - len(self._flushing))
+        self._staging = trio.Event()
+        token = self._token
+
+        def deliver(result: outcome.Outcome[None]) -> None:  # in the worker thread
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._staged, result)
+
+        trio.lowlevel.start_thread_soon(partial(self.file.stage, events, raws), deliver)
+
+    def _staged(self, result: outcome.Outcome[None]) -> None:
+        """A stage's answer, in Trio's thread; a failure rolled it back: the write inserts all."""
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            staging.set()
+        if isinstance(result, outcome.Error):
+            exc = result.error
+            if isinstance(exc, (sqlite3.Error, OSError)):
+                logger.warning("cannot stage events in the journal %s: %s", self.path, exc)
+            else:
+                logger.error("staging events in the journal %s failed", self.path, exc_info=exc)
+
+    async def _in_thread(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` in a worker thread with the file to itself: after a stage in flight,
+        and no stage starts until it returns (one connection, one thread at a time)."""
+        while self._staging is not None:
+            await self._staging.wait()
+        busy, self._busy = self._busy, True
         try:
-            await trio.to_thread.run_sync(self.file.stage, events, raws)
-        except (sqlite3.Error, OSError) as exc:  # rolled back: the write inserts them all
-            logger.warning("cannot stage events in the journal %s: %s", self.path, exc)
+            return await trio.to_thread.run_sync(fn)
+        finally:
+            self._busy = busy
 
     async def prune(self, now: float | None = None) -> int:
         """Apply retention now (``now``: epoch seconds, for tests); the events removed.
 
         Size is estimated from the average event, so a few rounds may be needed.
+        Retention runs between writes, never inside one: what is staged is
+        written first, and nothing is staged until it is done.
         """
         self._over_size = False
+        if self._staging is not None or self.file.staged:
+            await self.flush()  # committed, or rolled back by a failure: nothing staged
         when = time.time() if now is None else now
         removed = 0
+        busy, self._busy = self._busy, True
         try:
             for again in range(_PRUNE_ROUNDS):
-                target = await trio.to_thread.run_sync(
+                target = await self._in_thread(
                     partial(self.file.prune_target, self.retention, when, again=again > 0)
                 )
                 if target <= self._counters.floor:
                     break
                 while target > self._counters.floor:
-                    floor, count = await trio.to_thread.run_sync(self.file.prune_step, target)
+                    floor, count = await self._in_thread(partial(self.file.prune_step, target))
                     self._counters.floor = floor
                     self._counters.events -= count
                     removed += count
@@ -569,12 +567,12 @@ class Journal:
                 while True:  # until no page is left, or a file without auto_vacuum gives none
                     was, left = (
                         left,
-                        await trio.to_thread.run_sync(self.file.vacuum_step, self.retention),
+                        await self._in_thread(partial(self.file.vacuum_step, self.retention)),
                     )
                     if left in (0, was):
                         break
                     await self._write_between()
-                self._counters.bytes = await trio.to_thread.run_sync(self.file.checkpoint)
+                self._counters.bytes = await self._in_thread(self.file.checkpoint)
             if removed:
                 logger.info(
                     "journal retention removed %d events (up to seq %d)",
@@ -583,6 +581,8 @@ class Journal:
                 )
         except sqlite3.Error as exc:
             logger.error("journal retention failed on %s: %s", self.path, exc)
+        finally:
+            self._busy = busy
         return removed
 
     async def _write_between(self) -> None:
@@ -600,6 +600,7 @@ class Journal:
         in the lock file. The log says how many and which; ``unjournaled``
         lists them (the daemon then exits non-zero).
         """
+        self._busy = True  # no stage starts any more; one in flight is waited for
         for _ in range(3):  # a failing disk gets a few tries, not forever
             if not self._has_work():
                 break
@@ -619,23 +620,23 @@ class Journal:
             finally:
                 self.file.close()
 
-        outcome = await trio.to_thread.run_sync(finish)
+        how = await self._in_thread(finish)
         self.unjournaled = unwritten
-        self._lost_log = _merge([*self._lost_log, *unwritten])
+        self._lost_log = merge_ranges([*self._lost_log, *unwritten])
         self._closed = True
         self._attempted.set()
         if unwritten:
             logger.error(
                 "%d events (seqs %s) were delivered but not journaled: %s",
                 sum(b - a + 1 for a, b in unwritten),
-                _ranges(unwritten),
-                outcome,
+                describe_ranges(unwritten),
+                how,
             )
 
     def _unwritten(self) -> list[tuple[int, int]]:
         """Every seq queued or dropped and not written, as ranges."""
         seqs = sorted(e.seq for e in (*self._flushing, *self._pending))
-        return _merge([*self._flushing_lost, *self._lost, *((seq, seq) for seq in seqs)])
+        return merge_ranges([*self._flushing_lost, *self._lost, *((seq, seq) for seq in seqs)])
 
     # -- resuming --------------------------------------------------------------
 
