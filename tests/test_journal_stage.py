@@ -29,7 +29,7 @@ import trio.testing
 from busd.core.events import Envelope, Event, TextDelta
 from busd.core.ids import new_event_id
 from busd.daemon.journal import Found, Journal
-from busd.daemon.journalfile import JournalFile, JournalReader
+from busd.daemon.journalfile import JournalFile, JournalReader, Retention
 from busd.wire import encode_envelope
 
 
@@ -416,3 +416,23 @@ async def test_a_write_waits_for_the_stage_in_flight(tmp_path: Path) -> None:
     assert file.staged_calls == [10]
     await journal.aclose()
     assert seqs_in(file.path) == list(range(1, 17))
+
+
+async def test_retention_writes_what_is_staged_before_it_removes(tmp_path: Path) -> None:
+    """Retention's statements open transactions of their own: never inside a stage's."""
+    file = staging(tmp_path / "j.sqlite3")
+    journal = journal_on(
+        file, interval=60.0, stage_every=1e-9, stage_events=1, retention=Retention(max_age=60.0)
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        append(journal, range(2, 12))
+        await answered(journal)
+        assert (file.staged, journal.journaled_seq) == (10, 1)
+        removed = await journal.prune(now=1e9 + 1_000)  # every event is older than a minute
+        nursery.cancel_scope.cancel()
+    assert removed == 11
+    assert (file.staged, journal.journaled_seq) == (0, 11)
+    assert seqs_in(file.path) == []
+    await journal.aclose()
