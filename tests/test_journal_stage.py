@@ -436,3 +436,39 @@ async def test_retention_writes_what_is_staged_before_it_removes(tmp_path: Path)
     assert (file.staged, journal.journaled_seq) == (0, 11)
     assert seqs_in(file.path) == []
     await journal.aclose()
+
+
+@pytest.mark.parametrize("where", ["in its thread", "starting its thread"])
+async def test_a_stage_that_breaks_otherwise_leaves_its_events_to_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Not a disk error (a bug, no thread to be had): logged, and the write inserts them."""
+    file = staging(tmp_path / "j.sqlite3")
+    journal = journal_on(file, interval=60.0, stage_every=1e-9, stage_events=1, batch_events=30)
+    warned = Warned()
+    logging.getLogger("busd.journal").addHandler(warned)
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("can't start new thread")
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await first_write(journal)
+            if where == "in its thread":
+                file.stage = broken  # type: ignore[method-assign, assignment]
+            else:
+                monkeypatch.setattr(trio.lowlevel, "start_thread_soon", broken)
+            append(journal, range(2, 12))
+            await answered(journal)
+            await warned.event.wait()
+            assert "can't start new thread" in warned.messages[0]
+            assert (file.staged, journal.pending) == (0, 10)
+            monkeypatch.undo()
+            append(journal, range(12, 32))  # 30 in all after the first write: a full batch
+            await journal.journaled(31)
+            nursery.cancel_scope.cancel()
+    finally:
+        logging.getLogger("busd.journal").removeHandler(warned)
+    assert seqs_in(file.path) == list(range(1, 32))
+    await journal.aclose()

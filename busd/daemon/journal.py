@@ -512,7 +512,11 @@ class Journal:
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._staged, result)
 
-        trio.lowlevel.start_thread_soon(partial(self.file.stage, events, raws), deliver)
+        try:
+            trio.lowlevel.start_thread_soon(partial(self.file.stage, events, raws), deliver)
+        except RuntimeError as exc:  # no thread to be had: the write inserts them
+            self._staging = None
+            logger.warning("cannot stage events in the journal %s: %s", self.path, exc)
 
     def _staged(self, result: outcome.Outcome[None]) -> None:
         """A stage's answer, in Trio's thread; a failure rolled it back: the write inserts all."""
@@ -524,7 +528,9 @@ class Journal:
             if isinstance(exc, (sqlite3.Error, OSError)):
                 logger.warning("cannot stage events in the journal %s: %s", self.path, exc)
             else:
-                logger.error("staging events in the journal %s failed", self.path, exc_info=exc)
+                logger.error(
+                    "cannot stage events in the journal %s: %r", self.path, exc, exc_info=exc
+                )
 
     async def _in_thread(self, fn: Callable[[], _T]) -> _T:
         """``fn()`` in a worker thread with the file to itself: after a stage in flight,
