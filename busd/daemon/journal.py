@@ -51,7 +51,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, TypeAlias, TypeVar
@@ -537,9 +537,15 @@ class Journal:
         and no stage starts until it returns (one connection, one thread at a time)."""
         while self._staging is not None:
             await self._staging.wait()
+        with self._holding():
+            return await trio.to_thread.run_sync(fn)
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """No stage starts while the writer uses the file (a use inside another keeps it)."""
         busy, self._busy = self._busy, True
         try:
-            return await trio.to_thread.run_sync(fn)
+            yield
         finally:
             self._busy = busy
 
@@ -555,40 +561,38 @@ class Journal:
             await self.flush()  # committed, or rolled back by a failure: nothing staged
         when = time.time() if now is None else now
         removed = 0
-        busy, self._busy = self._busy, True
-        try:
-            for again in range(_PRUNE_ROUNDS):
-                target = await self._in_thread(
-                    partial(self.file.prune_target, self.retention, when, again=again > 0)
-                )
-                if target <= self._counters.floor:
-                    break
-                while target > self._counters.floor:
-                    floor, count = await self._in_thread(partial(self.file.prune_step, target))
-                    self._counters.floor = floor
-                    self._counters.events -= count
-                    removed += count
-                    await self._write_between()
-                left: int | None = None
-                while True:  # until no page is left, or a file without auto_vacuum gives none
-                    was, left = (
-                        left,
-                        await self._in_thread(partial(self.file.vacuum_step, self.retention)),
+        with self._holding():
+            try:
+                for again in range(_PRUNE_ROUNDS):
+                    target = await self._in_thread(
+                        partial(self.file.prune_target, self.retention, when, again=again > 0)
                     )
-                    if left in (0, was):
+                    if target <= self._counters.floor:
                         break
-                    await self._write_between()
-                self._counters.bytes = await self._in_thread(self.file.checkpoint)
-            if removed:
-                logger.info(
-                    "journal retention removed %d events (up to seq %d)",
-                    removed,
-                    self._counters.floor,
-                )
-        except sqlite3.Error as exc:
-            logger.error("journal retention failed on %s: %s", self.path, exc)
-        finally:
-            self._busy = busy
+                    while target > self._counters.floor:
+                        floor, count = await self._in_thread(partial(self.file.prune_step, target))
+                        self._counters.floor = floor
+                        self._counters.events -= count
+                        removed += count
+                        await self._write_between()
+                    left: int | None = None
+                    while True:  # until no page is left, or a file without auto_vacuum gives none
+                        was, left = (
+                            left,
+                            await self._in_thread(partial(self.file.vacuum_step, self.retention)),
+                        )
+                        if left in (0, was):
+                            break
+                        await self._write_between()
+                    self._counters.bytes = await self._in_thread(self.file.checkpoint)
+                if removed:
+                    logger.info(
+                        "journal retention removed %d events (up to seq %d)",
+                        removed,
+                        self._counters.floor,
+                    )
+            except sqlite3.Error as exc:
+                logger.error("journal retention failed on %s: %s", self.path, exc)
         return removed
 
     async def _write_between(self) -> None:
