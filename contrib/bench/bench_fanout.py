@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from fanout_peers import make_event
+from fanout_peers import NO_LOAD, LeanLoad, make_event
 from fanout_report import LABELS, Outcome, Variant, best, median_p99, report
 
 HERE = Path(__file__).resolve().parent
@@ -237,6 +237,7 @@ def start_server(
     busd_command: Sequence[str] = (PYTHON, "-m", "busd"),
     journal: bool = False,
     busd_args: Sequence[str] = (),
+    lean_load: LeanLoad = NO_LOAD,
 ) -> Server:
     name = name or system
     if system == "busd":
@@ -283,7 +284,12 @@ def start_server(
         return Server(system, f"nats://127.0.0.1:{port}", worker)
     if system == "busd-lean":
         path = tmp / f"{name}.sock"
-        worker = procs.start(name, [PYTHON, str(PEERS), "lean", str(path)])
+        load = [
+            f"--cpu-before-us={lean_load.before_us}",
+            f"--cpu-after-us={lean_load.after_us}",
+            f"--cpu-every={lean_load.every}",
+        ]
+        worker = procs.start(name, [PYTHON, str(PEERS), "lean", str(path), *load])
         worker.message(15)
         return Server(system, str(path), worker)
     path = tmp / "forwarder.sock"
@@ -459,6 +465,13 @@ def main() -> None:
         "--profile-daemon", type=Path, default=None, help="run busd under cProfile, to this file"
     )
     parser.add_argument(
+        "--lean-cpu",
+        metavar="BEFORE,AFTER[,EVERY]",
+        default="0,0",
+        help="busy CPU the lean server adds, µs before and after its writes, on 1 burst in "
+        "EVERY (default 1): where a daemon's own work would land (docs/performance.md)",
+    )
+    parser.add_argument(
         "--busd-command",
         default=f"{PYTHON} -m busd",
         help="how to start busd (before 'serve ...'), to compare daemon builds",
@@ -477,6 +490,13 @@ def main() -> None:
     if not args.latency_rate > 0:
         parser.error("--latency-rate must be a rate above 0 events/s")
     busd_command = shlex.split(args.busd_command)
+    try:
+        parts = [int(part) for part in args.lean_cpu.split(",")]
+        if len(parts) not in (2, 3):
+            raise ValueError(args.lean_cpu)
+        lean_load = LeanLoad(*parts)
+    except ValueError:
+        parser.error(f"--lean-cpu takes BEFORE,AFTER[,EVERY] in µs, not {args.lean_cpu!r}")
     default = "busd,redis,nats,forwarder" + (",nats-js" if args.journal else "")
     systems = [s.strip() for s in (args.systems or default).split(",") if s.strip()]
     for system in systems:
@@ -523,6 +543,7 @@ def main() -> None:
                     profile=args.profile_daemon if system == "busd" else None,
                     busd_command=busd_command,
                     journal=args.journal,
+                    lean_load=lean_load,
                 )
                 for system in active
             }
@@ -602,6 +623,8 @@ def main() -> None:
         finally:
             procs.stop_all()
 
+    if "busd-lean" in active and lean_load != NO_LOAD:
+        print(f"The lean busd server adds busy CPU: {lean_load}.\n")
     report(
         events=events,
         event_bytes=event_bytes,

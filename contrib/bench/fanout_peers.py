@@ -39,6 +39,8 @@ import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -544,8 +546,56 @@ class _LeanConnection:
             self.busy = False
 
 
+@dataclass(frozen=True)
+class LeanLoad:
+    """Busy CPU the lean server adds to a burst: where a daemon's own work would land.
+
+    ``before_us`` of it after the events are encoded, before the writes;
+    ``after_us`` after the last write; each on one ``publish`` frame in
+    ``every`` (1: all of them). The same average as one spread over every
+    burst or as a lump on a few tells what a daemon's p99 follows
+    (docs/performance.md, "Where the daemon's CPU lands").
+    """
+
+    before_us: int = 0
+    after_us: int = 0
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.before_us < 0 or self.after_us < 0 or self.every < 1:
+            raise ValueError(f"not a load: {self}")
+
+    def applies(self, frame: int) -> bool:
+        """Whether the ``frame``-th ``publish`` frame (from 1) gets the load."""
+        return frame % self.every == 0 and bool(self.before_us or self.after_us)
+
+    def __str__(self) -> str:
+        parts = [
+            f"{us} µs {at}"
+            for us, at in ((self.before_us, "before"), (self.after_us, "after"))
+            if us
+        ]
+        if not parts:
+            return "none"
+        burst = "every burst" if self.every == 1 else f"1 burst in {self.every}"
+        return f"{' and '.join(parts)} the writes, {burst}"
+
+
+NO_LOAD = LeanLoad()
+
+
+def _busy(us: int) -> None:
+    """Spend ``us`` µs of this thread's CPU (not wall time: preemption does not shorten it)."""
+    end = time.thread_time_ns() + us * 1_000
+    while time.thread_time_ns() < end:
+        pass
+
+
 async def lean_server(
-    path: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    path: str,
+    *,
+    load: LeanLoad = NO_LOAD,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """busd's protocol, and per ``publish`` frame only what delivery needs.
 
@@ -585,9 +635,10 @@ async def lean_server(
     subscribed: list[_LeanConnection] = []
     head = 0
     clients = 0
+    frames = 0  # publish frames: every ``load.every``-th gets the load
 
     async def serve(stream: trio.SocketStream) -> None:
-        nonlocal head, clients
+        nonlocal head, clients, frames
         clients += 1
         me, receiver = _LeanConnection(stream), Receiver(stream)
         decoder = client_frame_decoder(catalog)
@@ -612,6 +663,10 @@ async def lean_server(
                                     )
                                 )
                             raws = encode_envelopes(envelopes)
+                            frames += 1
+                            loaded = load.applies(frames)
+                            if loaded and load.before_us:
+                                _busy(load.before_us)
                             for start in range(0, len(raws), LEAN_FRAME_EVENTS):
                                 packed = pack_events(raws[start : start + LEAN_FRAME_EVENTS])
                                 for peer in tuple(subscribed):
@@ -622,6 +677,8 @@ async def lean_server(
                                     except (trio.BrokenResourceError, OSError):
                                         if peer in subscribed:  # that subscriber is gone
                                             subscribed.remove(peer)
+                            if loaded and load.after_us:
+                                _busy(load.after_us)
                         case Hello():
                             welcome = Welcome(
                                 server="lean",
@@ -690,13 +747,17 @@ def main() -> None:
     parser.add_argument("--window-ms", type=int, default=16)
     parser.add_argument("--latency", action="store_true", help="report every event's latency")
     parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--cpu-before-us", type=int, default=0, help="lean: CPU before writes")
+    parser.add_argument("--cpu-after-us", type=int, default=0, help="lean: CPU after writes")
+    parser.add_argument("--cpu-every", type=int, default=1, help="lean: on 1 frame in N")
     args = parser.parse_args()
 
     if args.role == "forwarder":
         asyncio.run(forwarder(args.rest[0]))
         return
     if args.role == "lean":
-        trio.run(lean_server, args.rest[0])
+        load = LeanLoad(args.cpu_before_us, args.cpu_after_us, args.cpu_every)
+        trio.run(partial(lean_server, args.rest[0], load=load))
         return
     if args.role == "idle":
         trio.run(idle_frontends, args.rest[0], args.clients)
