@@ -1,6 +1,6 @@
 """Where a burst's CPU goes, step by step: busd's daemon against the lean server, steady rate.
 
-    .venv/bin/python contrib/bench/bench_steps.py [--events 30000]
+    .venv/bin/python contrib/bench/bench_steps.py [--events 30000] [--spread]
 
 Copies ``busd`` and ``fanout_peers.py`` into a temporary directory and puts a
 mark (the thread's CPU clock, ``time.thread_time_ns()``) at each step of a
@@ -11,8 +11,9 @@ rest of the publish, and the end before the next read. The lean server
 (``fanout_peers.py lean``, the floor) gets the marks it has steps for.
 Then it runs ``bench_fanout``'s latency test on each (4 subscribers, 5,000
 events/s, window 0, busd with its journal) and prints, per step, the
-median and mean CPU of a burst's main thread in µs. A mark costs about a
-microsecond; the tree in the repository is not changed.
+median and mean CPU of a burst's main thread in µs (``--spread``: and the
+75th, 90th and 99th percentiles, where a step's occasional lumps show). A
+mark costs about a microsecond; the tree in the repository is not changed.
 
 The marks go in by anchors: lines of the code they follow or precede. If
 the code moved on and an anchor no longer matches, the run stops and names
@@ -256,19 +257,28 @@ def prepare(tmp: Path) -> Path:
     return root
 
 
-def summarize(rows: list[dict[str, int]]) -> dict[str, tuple[float, float]]:
-    """Per step present in ``rows``: the median and mean of its CPU in µs."""
+SPREAD = (75, 90, 99)  # the percentiles of --spread
+
+
+def summarize(rows: list[dict[str, int]]) -> dict[str, tuple[float, ...]]:
+    """Per step present in ``rows``: the median and mean of its CPU in µs, then the
+    :data:`SPREAD` percentiles (a step's lumps: a median does not show them)."""
     out = {}
     for start, end, label in STEPS:
         values = [(r[end] - r[start]) / 1e3 for r in rows if r.get(start) and r.get(end)]
-        if values:
-            out[label] = (statistics.median(values), statistics.mean(values))
+        if len(values) > 1:
+            cuts = statistics.quantiles(values, n=100)
+            spread = tuple(cuts[p - 1] for p in SPREAD)
+            out[label] = (statistics.median(values), statistics.mean(values), *spread)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=30_000, help="per system (5,000/s)")
+    parser.add_argument(
+        "--spread", action="store_true", help="also each step's 75th, 90th and 99th percentiles"
+    )
     args = parser.parse_args()
     if args.events < (SKIP + KEEP) * 7:
         parser.error(f"--events must be at least {(SKIP + KEEP) * 7:,} (bursts of about 5)")
@@ -316,6 +326,17 @@ def main() -> None:
             found = results[system].get(label)
             cells.append(f"{found[0]:.1f} / {found[1]:.1f}" if found else "–")
         print(f"| {label} | {cells[0]} | {cells[1]} |")
+    if args.spread:
+        cut = " / ".join(f"p{p}" for p in SPREAD)
+        print(f"\nThe same steps' spread, µs ({cut}):\n")
+        print("| step | busd | lean server |")
+        print("| --- | ---: | ---: |")
+        for _, _, label in STEPS:
+            cells = []
+            for system in ("busd", "busd-lean"):
+                found = results[system].get(label)
+                cells.append(" / ".join(f"{v:.0f}" for v in found[2:]) if found else "–")
+            print(f"| {label} | {cells[0]} | {cells[1]} |")
 
 
 if __name__ == "__main__":
