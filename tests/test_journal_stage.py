@@ -85,9 +85,8 @@ async def staged(file: StagingFile, count: int) -> None:
 
 
 async def answered(journal: Journal) -> None:
-    """Wait until the journal has the answer of its stage in flight (its callback ran)."""
-    while journal._staging is not None:
-        await journal._staging.wait()
+    """Wait until the journal took the answer of its stage in flight (as its writer does)."""
+    await journal._stage.wait()
 
 
 def journal_on(file: JournalFile, **options: Any) -> Journal:
@@ -263,7 +262,7 @@ async def test_a_stage_that_fails_leaves_its_events_to_the_write(tmp_path: Path)
             await nursery.start(journal.run)
             await first_write(journal)
             append(journal, range(2, 21))
-            await warned.event.wait()
+            await answered(journal)  # taken at the next burst's end, or by the writer
             assert file.failed_calls == [19]
             assert "cannot stage events" in warned.messages[0]
             assert file.staged == 0  # rolled back; the events wait for the write
@@ -355,8 +354,8 @@ class WriterSteps(trio.abc.Instrument):
 
 
 async def test_a_stage_costs_the_writer_task_no_step(tmp_path: Path) -> None:
-    """The stage starts at the burst's end and answers by a callback: the writer task sleeps
-    until its write (it used to wake for each stage, four task switches a stage)."""
+    """The stage starts at the burst's end and its answer is taken there: the writer task
+    sleeps until its write (it used to wake for each stage, four task switches a stage)."""
     file = staging(tmp_path / "j.sqlite3")
     journal = journal_on(file, interval=60.0, stage_every=1e-9, stage_events=5)
     steps = WriterSteps()
@@ -472,3 +471,51 @@ async def test_a_stage_that_breaks_otherwise_leaves_its_events_to_the_write(
         logging.getLogger("busd.journal").removeHandler(warned)
     assert seqs_in(file.path) == list(range(1, 32))
     await journal.aclose()
+
+
+class CountingToken:
+    """A Trio token that counts the journal's wake-ups of the loop (``run_sync_soon``)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self.token, self.calls = token, 0
+
+    def run_sync_soon(self, fn: Any, *args: Any) -> None:
+        self.calls += 1
+        self.token.run_sync_soon(fn, *args)
+
+
+async def test_a_stage_answers_without_waking_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody waits for a stage's answer at a steady rate: its thread leaves it for the next
+    burst's end to take (a wake-up of the loop was a lump between bursts); the writer, which
+    does wait, is woken (test_a_write_waits_for_the_stage_in_flight)."""
+    file = JournalFile.open(tmp_path / "j.sqlite3")
+    journal = journal_on(file, interval=60.0, stage_every=1e-9, stage_events=5)
+    delivered = threading.Event()
+    start = trio.lowlevel.start_thread_soon
+
+    def start_and_tell(fn: Any, deliver: Any, **kwargs: Any) -> None:
+        def told(result: Any) -> None:
+            deliver(result)
+            delivered.set()
+
+        start(fn, told, **kwargs)
+
+    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", start_and_tell)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        token = journal._token = CountingToken(journal._token)  # type: ignore[assignment, arg-type]
+        for start_seq in range(2, 32, 10):
+            delivered.clear()
+            append(journal, range(start_seq, start_seq + 10))  # takes the last answer, stages
+            await trio.to_thread.run_sync(delivered.wait)
+            assert journal._stage.busy  # answered, and not taken: nobody was woken
+        assert token.calls == 0
+        journal.stage_now()  # the next burst's end takes it
+        assert not journal._stage.busy
+        assert file.staged == 30
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
+    assert seqs_in(file.path) == list(range(1, 32))

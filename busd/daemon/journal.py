@@ -61,6 +61,7 @@ import outcome
 import trio
 
 from ..core.events import Envelope, Event
+from .handoff import Handoff
 from .journalfile import (
     DEFAULT_MAX_AGE,
     DEFAULT_MAX_SIZE,
@@ -206,7 +207,7 @@ class Journal:
         self._wake = trio.Event()
         self._nudge = trio.Event()  # a full batch
         self._token: trio.lowlevel.TrioToken | None = None  # run()'s, for stages' answers
-        self._staging: trio.Event | None = None  # a stage in a worker thread, set when done
+        self._stage: Handoff[None] = Handoff()  # a stage in a worker thread
         self._stage_from = -math.inf  # no stage before then (stage_every after the last)
         self._busy = False  # the task needs the file (a write, retention, the stop): no stage
         self._written = trio.Event()  # set (and replaced) by every successful write
@@ -480,16 +481,19 @@ class Journal:
 
         The daemon calls this when a publisher's burst ends: once
         ``stage_events`` wait, at most every ``stage_every`` seconds, while
-        the file is free. The thread's answer comes back as a callback, not
-        a task's steps: a stage used to cost the event loop four task
-        switches (docs/performance.md, "Staged inserts"). Events that no
+        the file is free. The thread leaves its answer for the next burst's
+        end to take; it wakes the loop only when the writer waits for it (a
+        wake-up was a lump of the loop's CPU between bursts,
+        docs/performance.md, "Where the daemon's CPU lands"). Events that no
         burst's end stages (an agent's pace) are inserted by the write.
         """
+        if self._stage.busy:
+            self._stage.take()
         pending = len(self._pending)
         if (
             pending < self.stage_events
             or pending >= self._full_at  # a full batch: the write is coming, it inserts them
-            or self._staging is not None
+            or self._stage.busy
             or self._busy
             or self._token is None
             or self.stage_every <= 0
@@ -505,24 +509,15 @@ class Journal:
         self._flushing.extend(events)
         self._flushing_raws.extend(raws)
         self._full_at = max(1, self.batch_events - len(self._flushing))
-        self._staging = trio.Event()
-        token = self._token
-
-        def deliver(result: outcome.Outcome[None]) -> None:  # in the worker thread
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._staged, result)
-
         try:
-            trio.lowlevel.start_thread_soon(partial(self.file.stage, events, raws), deliver)
+            self._stage.start(
+                partial(self.file.stage, events, raws), self._staged, token=self._token
+            )
         except RuntimeError as exc:  # no thread to be had: the write inserts them
-            self._staging = None
             logger.warning("cannot stage events in the journal %s: %s", self.path, exc)
 
     def _staged(self, result: outcome.Outcome[None]) -> None:
         """A stage's answer, in Trio's thread; a failure rolled it back: the write inserts all."""
-        staging, self._staging = self._staging, None
-        if staging is not None:
-            staging.set()
         if isinstance(result, outcome.Error):
             exc = result.error
             if isinstance(exc, (sqlite3.Error, OSError)):
@@ -535,8 +530,7 @@ class Journal:
     async def _in_thread(self, fn: Callable[[], _T]) -> _T:
         """``fn()`` in a worker thread with the file to itself: after a stage in flight,
         and no stage starts until it returns (one connection, one thread at a time)."""
-        while self._staging is not None:
-            await self._staging.wait()
+        await self._stage.wait()
         with self._holding():
             return await trio.to_thread.run_sync(fn)
 
@@ -557,7 +551,7 @@ class Journal:
         written first, and nothing is staged until it is done.
         """
         self._over_size = False
-        if self._staging is not None or self.file.staged:
+        if self._stage.busy or self.file.staged:
             await self.flush()  # committed, or rolled back by a failure: nothing staged
         when = time.time() if now is None else now
         removed = 0
