@@ -30,6 +30,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -318,25 +319,25 @@ def main() -> None:
         f"CPU of a burst's main thread, µs (median / mean of {KEEP:,} bursts), "
         f"{SUBSCRIBERS} subscribers at {RATE:,.0f} events/s, window 0:\n"
     )
-    print("| step | busd | lean server |")
-    print("| --- | ---: | ---: |")
-    for _, _, label in STEPS:
-        cells = []
-        for system in ("busd", "busd-lean"):
-            found = results[system].get(label)
-            cells.append(f"{found[0]:.1f} / {found[1]:.1f}" if found else "–")
-        print(f"| {label} | {cells[0]} | {cells[1]} |")
+    table(results, lambda found: f"{found[0]:.1f} / {found[1]:.1f}")
     if args.spread:
         cut = " / ".join(f"p{p}" for p in SPREAD)
         print(f"\nThe same steps' spread, µs ({cut}):\n")
-        print("| step | busd | lean server |")
-        print("| --- | ---: | ---: |")
-        for _, _, label in STEPS:
-            cells = []
-            for system in ("busd", "busd-lean"):
-                found = results[system].get(label)
-                cells.append(" / ".join(f"{v:.0f}" for v in found[2:]) if found else "–")
-            print(f"| {label} | {cells[0]} | {cells[1]} |")
+        table(results, lambda found: " / ".join(f"{v:.0f}" for v in found[2:]))
+
+
+def table(
+    results: dict[str, dict[str, tuple[float, ...]]], cell: Callable[[tuple[float, ...]], str]
+) -> None:
+    """Print a step per row, busd's cell beside the lean server's (– for a step it lacks)."""
+    print("| step | busd | lean server |")
+    print("| --- | ---: | ---: |")
+    for _, _, label in STEPS:
+        cells = [
+            cell(found) if (found := results[system].get(label)) else "–"
+            for system in ("busd", "busd-lean")
+        ]
+        print(f"| {label} | {cells[0]} | {cells[1]} |")
 
 
 if __name__ == "__main__":
