@@ -5,8 +5,8 @@ answer posted with ``run_sync_soon`` wakes the loop for it: both cost the
 loop a wake-up per job. The journal stages rows at a publisher's burst's
 end, where nobody waits for the answer: the next burst's end takes it, and
 the loop is woken only when somebody does wait (the writer, before it uses
-the file). docs/performance.md, "Where the daemon's CPU lands", has why a
-wake-up between bursts mattered.
+the file). docs/performance.md, "Where the daemon's CPU lands", has what
+that wake-up cost the loop between bursts, and what it did not change.
 """
 
 from __future__ import annotations
