@@ -47,6 +47,8 @@ def test_a_step_is_the_difference_of_its_marks_in_microseconds() -> None:
     assert table["the frame decoded"][:2] == (15.0, 15.0)
     assert table["the read to the first write"][:2] == (65.0, 65.0)
     assert "the rights check" not in table  # a step whose marks are missing is left out
+    one = summarize(rows[:1])["the frame decoded"]  # one burst: its value, spread too
+    assert one == (10.0,) * 5
 
 
 def test_the_spread_shows_a_lump_the_median_hides() -> None:

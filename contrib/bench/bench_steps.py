@@ -267,8 +267,8 @@ def summarize(rows: list[dict[str, int]]) -> dict[str, tuple[float, ...]]:
     out = {}
     for start, end, label in STEPS:
         values = [(r[end] - r[start]) / 1e3 for r in rows if r.get(start) and r.get(end)]
-        if len(values) > 1:
-            cuts = statistics.quantiles(values, n=100)
+        if values:
+            cuts = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
             spread = tuple(cuts[p - 1] for p in SPREAD)
             out[label] = (statistics.median(values), statistics.mean(values), *spread)
     return out
