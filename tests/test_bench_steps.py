@@ -15,7 +15,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "contrib" / "bench"))
 
-from bench_steps import DAEMON_MARKS, LEAN_MARKS, Mark, insert, prepare, summarize
+from bench_steps import (
+    DAEMON_MARKS,
+    LEAN_MARKS,
+    Mark,
+    insert,
+    marked_processes,
+    prepare,
+    summarize,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_mark_fits_the_code_and_the_marked_copy_compiles(tmp_path: Path) -> None:
@@ -28,6 +38,22 @@ def test_every_mark_fits_the_code_and_the_marked_copy_compiles(tmp_path: Path) -
     code = lean.read_text()
     assert code.count("_steps.mark(") == len(LEAN_MARKS)
     assert code.index("import steps as _steps") < code.index('if __name__ == "__main__":')
+
+
+def test_the_servers_run_the_marked_copy_even_started_from_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ``python -m busd`` puts the working directory first on sys.path: run from
+    # the repository's root, the daemon imported the unmarked tree, marked nothing,
+    # and the run ended with "too few bursts marked".
+    monkeypatch.chdir(ROOT)
+    root = prepare(tmp_path)
+    with marked_processes(tmp_path, root) as procs:
+        probe = "import busd, busd._steps; print(busd.__file__)"
+        worker = procs.start("probe", [sys.executable, "-c", probe])
+        out, _ = worker.proc.communicate(timeout=60)
+    assert worker.proc.returncode == 0
+    assert Path(out.decode().strip()) == root / "busd" / "__init__.py"
 
 
 def test_an_anchor_that_no_longer_matches_stops_the_run_naming_it(tmp_path: Path) -> None:

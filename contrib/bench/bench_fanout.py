@@ -132,8 +132,10 @@ class Worker:
 class Processes:
     """Everything the benchmark started: each in its own process group, all stopped at the end."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, *, cwd: Path | None = None) -> None:
+        """``cwd``: where they run (``python -m busd`` imports busd from there first)."""
         self.logs = logs
+        self.cwd = cwd
         self.workers: list[Worker] = []
 
     def start(self, name: str, argv: Sequence[str], *, server: bool = False) -> Worker:
@@ -147,6 +149,7 @@ class Processes:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    cwd=self.cwd,
                 )
         else:
             proc = subprocess.Popen(
@@ -154,6 +157,7 @@ class Processes:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,  # Ctrl-C reaches us only; we stop them
+                cwd=self.cwd,
             )
         worker = Worker(name, proc, log_path)
         self.workers.append(worker)

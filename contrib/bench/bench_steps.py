@@ -24,13 +24,14 @@ Python") uses it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,6 +259,25 @@ def prepare(tmp: Path) -> Path:
     return root
 
 
+@contextlib.contextmanager
+def marked_processes(tmp: Path, root: Path) -> Iterator[Processes]:
+    """Processes that import busd from the marked copy under ``root``, stopped at the end.
+
+    They run in ``tmp``: ``python -m busd`` puts its working directory first on
+    ``sys.path``, so run from the repository it would import the unmarked tree.
+    """
+    saved = dict(os.environ)
+    paths = [str(root), *filter(None, saved.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    procs = Processes(tmp, cwd=tmp)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 SPREAD = (75, 90, 99)  # the percentiles of --spread
 
 
@@ -288,11 +308,7 @@ def main() -> None:
         tmp = Path(name)
         root = prepare(tmp)
         bench_fanout.PEERS = tmp / "bench" / "fanout_peers.py"
-        saved = dict(os.environ)
-        paths = [str(root), *filter(None, saved.get("PYTHONPATH", "").split(os.pathsep))]
-        os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-        procs = Processes(tmp)
-        try:
+        with marked_processes(tmp, root) as procs:
             for system in ("busd", "busd-lean"):
                 out = tmp / f"{system}.json"
                 os.environ["BUSD_STEPS_OUT"] = str(out)
@@ -311,10 +327,6 @@ def main() -> None:
                 if outcome.problem or not out.exists():
                     sys.exit(f"bench_steps: {system}: {outcome.problem or 'too few bursts marked'}")
                 results[system] = summarize(json.loads(out.read_text()))
-        finally:
-            procs.stop_all()
-            os.environ.clear()
-            os.environ.update(saved)
     print(
         f"CPU of a burst's main thread, µs (median / mean of {KEEP:,} bursts), "
         f"{SUBSCRIBERS} subscribers at {RATE:,.0f} events/s, window 0:\n"
