@@ -89,13 +89,19 @@ class Handoff(Generic[T]):
         answer(result)
         return True
 
-    async def wait(self) -> None:
-        """Until no job is in flight (the answer given); the thread wakes the loop for it."""
+    def want(self) -> trio.Event | None:
+        """The answer is wanted: given now if it is there, else the thread wakes the loop
+        for it. ``None`` when no job is left, else an event set once the answer is given."""
         while (job := self._job) is not None:
             with self._lock:
                 ready = self._result is not None
                 self._wanted = not ready
-            if ready:
-                self.take()
-            else:
-                await job[0].wait()
+            if not ready:
+                return job[0]
+            self.take()
+        return None
+
+    async def wait(self) -> None:
+        """Until no job is in flight (the answer given); the thread wakes the loop for it."""
+        while (done := self.want()) is not None:
+            await done.wait()

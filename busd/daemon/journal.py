@@ -2,45 +2,20 @@
 
 The daemon hands each accepted envelope and its msgpack bytes (the ones it
 already encoded for fan-out) to :meth:`Journal.append`: a list append, on
-the hot path and synchronous. :meth:`Journal.run` writes what piled up in
-one transaction per batch, in a worker thread, every ``interval`` seconds
-or every ``batch_events`` events, whichever comes first. While a batch
-gathers, a publisher's burst that ends (:meth:`Journal.stage_now`, the
-daemon's ``settle``) stages the events into that transaction once
-``stage_events`` wait, at most every ``stage_every`` seconds: the
-thread's CPU in pieces, not one burst per write, and no task switch for
-it (docs/performance.md, "Staged inserts"). The highest seq
-committed is the *journaled watermark* (``status.journal.journaled_seq``):
-every event up to it is in the file, or listed as lost.
+the hot path. What piles up is written in one transaction per batch, in a
+worker thread, every ``interval`` seconds or every ``batch_events``
+events. At a steady rate a publisher's burst's end (:meth:`Journal.stage_now`)
+stages the events into that transaction and starts the write when it is
+due, so the loop spends no task switch on either; the writer task
+(:meth:`Journal.run`) writes what no burst's end does. The highest seq
+committed is the *journaled watermark*: every event up to it is in the
+file, or recorded as lost.
 
-The file is SQLite in WAL mode with ``synchronous=NORMAL``: a committed
-batch survives the daemon being killed (the kernel has the bytes), not
-necessarily a power cut (the last batches may go). docs/journal.md states
-the promise and the schema.
-
-A disk slower than the publishers slows them down: once half of
-``max_pending`` events wait for it, connections that publish wait in
-:meth:`Journal.room` before reading more (at most ``max_wait`` seconds per
-stall). Memory stays bounded when the disk is stuck: at most
-``max_pending`` events wait for it. Past that, events are still accepted,
-delivered and kept in the replay ring, but not journaled: the range is
-recorded as lost (reason ``behind``) and reported once as a
-``busd.internal.error``.
-
-``seq`` never goes back: every write also *reserves* the next
-``max_pending`` seqs (the most that can be waiting when a write commits),
-and a daemon that finds a reservation the last one did not release (it did
-not stop cleanly) starts after it and records the skipped range as lost
-(reason ``crash``). A resuming client gets a ``gap`` for lost ranges.
-
-Retention (:class:`Retention`) removes the oldest events, as a prefix of
-seq: everything older than ``max_age``, and more while the file is over
-``max_size``. Sessions whose events are all gone go with them.
-
-:class:`JournalFile` is the writer and :class:`JournalReader` a read-only
-view (``busd sessions``, ``busd export``, resumes); both are synchronous and
-run in worker threads (:mod:`.journalfile`); :class:`Journal` is the Trio
-shell; a resume reads a :class:`JournalSpan` (:mod:`.journalspan`).
+docs/journal.md states the promise (what survives a crash, backpressure
+on publishers when the disk is slow, ``seq`` reservations, retention) and
+the schema. :class:`JournalFile` is the writer and :class:`JournalReader`
+a read-only view, both synchronous, run in worker threads
+(:mod:`.journalfile`); a resume reads a :class:`JournalSpan` (:mod:`.journalspan`).
 """
 
 from __future__ import annotations
@@ -67,19 +42,17 @@ from .journalfile import (
     DEFAULT_MAX_SIZE,
     JournalError,
     JournalFile,
-    JournalReader,
     Opened,
     Retention,
-    SessionRecord,
     SessionRow,
-    parse_duration,
-    parse_size,
+    Written,
     session_row,
 )
+from .journalprune import prune_rounds
 from .journalranges import Published, overlap
 from .journalranges import describe as describe_ranges
 from .journalranges import merge as merge_ranges
-from .journalspan import Found, JournalSpan, Missing, memory_items, page_items
+from .journalspan import Found, JournalSpan, Missing, page_items
 
 __all__ = [
     "DEFAULT_MAX_AGE",
@@ -89,17 +62,12 @@ __all__ = [
     "Found",
     "Journal",
     "JournalError",
-    "JournalReader",
     "JournalSpan",
     "Missing",
     "NotJournaled",
     "Published",
     "Retention",
-    "SessionRecord",
-    "memory_items",
     "page_items",
-    "parse_duration",
-    "parse_size",
     "session_row",
 ]
 
@@ -116,7 +84,7 @@ DEFAULT_STAGE_EVENTS: Final = 32
 
 _PRUNE_EVERY = 600.0  # seconds between two age checks
 _RETRY = 1.0  # seconds before a failed write is tried again
-_PRUNE_ROUNDS = 5  # retention passes at most, each on the size the last one left
+_EARLY = 0.2  # of the interval: a burst's end writes this much before the writer's deadline
 
 
 class NotJournaled(JournalError):
@@ -136,6 +104,24 @@ class _Counters:
     events: int = 0
     bytes: int = 0
     floor: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """One transaction's contents, taken in the loop's thread and written in a worker's."""
+
+    batch: list[Envelope[Event]]
+    raws: list[msgspec.Raw]
+    lost: list[tuple[int, int]]
+    sessions: list[SessionRow]
+    head: int
+    reserved: int
+
+    def run(self, file: JournalFile) -> Written:
+        lost = [(a, b, "behind") for a, b in self.lost]
+        return file.write(
+            self.batch, self.raws, lost, self.sessions, head=self.head, reserved=self.reserved
+        )
 
 
 SessionsSince: TypeAlias = Callable[[int], list[SessionRow]]
@@ -207,7 +193,9 @@ class Journal:
         self._wake = trio.Event()
         self._nudge = trio.Event()  # a full batch
         self._token: trio.lowlevel.TrioToken | None = None  # run()'s, for stages' answers
-        self._stage: Handoff[None] = Handoff()  # a stage in a worker thread
+        self._stage: Handoff[Written | None] = Handoff()  # a stage or a write in a thread
+        self._due = math.inf  # the gathering write is due then (a burst's end may write it)
+        self._gather_scope: trio.CancelScope | None = None  # the writer's wait for it
         self._stage_from = -math.inf  # no stage before then (stage_every after the last)
         self._busy = False  # the task needs the file (a write, retention, the stop): no stage
         self._written = trio.Event()  # set (and replaced) by every successful write
@@ -342,7 +330,7 @@ class Journal:
         started = trio.current_time()
         with trio.move_on_after(self.max_wait) as scope:
             while self.congested:
-                await self._written.wait()
+                await self._next(self._written)
         self._counters.held_s += trio.current_time() - started
         if scope.cancelled_caught and not self._stalled:
             self._stalled = True
@@ -351,7 +339,7 @@ class Journal:
     async def journaled(self, seq: int) -> None:
         """Return once every event up to ``seq`` is journaled (or recorded as lost)."""
         while self._journaled < seq:
-            await self._written.wait()
+            await self._next(self._written)
 
     async def durable(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Return once every seq in ``ranges`` is journaled (an acknowledged publish).
@@ -379,52 +367,65 @@ class Journal:
                 )
             if self._closed:
                 raise NotJournaled("the daemon stopped before it wrote them")
-            await self._attempted.wait()
+            await self._next(self._attempted)
+
+    async def _next(self, event: trio.Event) -> None:
+        """Until ``event`` (the next write's) is set; a write in flight from a burst's end
+        is answered now if it is done, else its thread wakes the loop for it."""
+        self._stage.want()
+        await event.wait()
 
     def _has_work(self) -> bool:
         return bool(self._pending or self._lost or self._flushing or self._flushing_lost)
 
     async def flush(self) -> bool:
         """Write everything queued so far in one transaction; ``False`` if the write failed."""
-        if self._pending or self._lost:  # after a failed write: that batch and the new events
+        await self._stage.wait()  # a stage's or a burst's write's answer first
+        with self._holding():
+            write = self._next_write()
+            if write is None:
+                return True
+            try:
+                written = await trio.to_thread.run_sync(write.run, self.file)
+            except (sqlite3.Error, OSError) as exc:
+                self._failed(exc)
+                return False
+        self._wrote(write, written)
+        return True
+
+    def _next_write(self) -> _Write | None:
+        """The next transaction: a failed write's batch again, with what came since."""
+        if self._pending or self._lost:  # new lists: a failed write's may still be referenced
             self._flushing = self._flushing + self._pending
             self._flushing_raws = self._flushing_raws + self._pending_raws
             self._flushing_lost = self._flushing_lost + self._lost
             self._pending, self._pending_raws, self._lost = [], [], []
-        batch, raws, lost = self._flushing, self._flushing_raws, self._flushing_lost
+        batch, lost = self._flushing, self._flushing_lost
         if not batch and not lost:
-            return True
+            return None
         head = max(batch[-1].seq if batch else 0, max((b for _, b in lost), default=0))
-        reserved = head + self.max_pending
         sessions = self._sessions(self._sessions_seq)
-        try:
-            written = await self._in_thread(
-                lambda: self.file.write(
-                    batch,
-                    raws,
-                    [(a, b, "behind") for a, b in lost],
-                    sessions,
-                    head=head,
-                    reserved=reserved,
-                )
-            )
-        except (sqlite3.Error, OSError) as exc:
-            self._full_at = self.batch_events
-            self._counters.write_errors += 1
-            self._write_error = str(exc)
-            self._attempted.set()
-            self._attempted = trio.Event()
-            logger.error("cannot write the journal %s: %s", self.path, exc)
-            if not self._failing:
-                self._failing = True
-                self._report(f"cannot write the journal {self.path}: {exc} (retrying)")
-            return False
+        return _Write(batch, self._flushing_raws, lost, sessions, head, head + self.max_pending)
+
+    def _failed(self, exc: BaseException) -> None:
+        self._full_at = self.batch_events
+        self._counters.write_errors += 1
+        self._write_error = str(exc)
+        self._attempted.set()
+        self._attempted = trio.Event()
+        logger.error("cannot write the journal %s: %s", self.path, exc)
+        if not self._failing:
+            self._failing = True
+            self._report(f"cannot write the journal {self.path}: {exc} (retrying)")
+
+    def _wrote(self, write: _Write, written: Written) -> None:
+        batch, lost, head = write.batch, write.lost, write.head
         self._flushing, self._flushing_raws, self._flushing_lost = [], [], []
         self._full_at = self.batch_events
         self._stalled = False
         self._journaled = max(self._journaled, head)
         self._sessions_seq = max(self._sessions_seq, head)
-        self._reserved = max(self._reserved, reserved)
+        self._reserved = max(self._reserved, write.reserved)
         self._reserve_at = self._reserved - self.high_water
         self._written.set()
         self._written = trio.Event()
@@ -439,6 +440,7 @@ class Journal:
         counters.bytes = written.bytes
         if self.retention.max_size is not None and written.bytes > self.retention.max_size:
             self._over_size = True
+            self._nudge.set()  # the writer stops gathering and applies retention
         if lost:
             ranges = ", ".join(f"{a}..{b}" for a, b in lost)
             self._report(f"the journal caught up; events {ranges} were not journaled")
@@ -447,7 +449,6 @@ class Journal:
         if self._failing:
             self._failing = False
             self._report(f"the journal {self.path} is written again")
-        return True
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write batches, and apply retention at start, every 10 minutes and when over size."""
@@ -469,39 +470,56 @@ class Journal:
                 await trio.sleep(_RETRY)
 
     async def _gather(self) -> None:
-        """Wait for the next write: ``interval``, or a full batch (stages come meanwhile)."""
-        deadline = trio.current_time() + self.interval
-        while len(self._pending) < self._full_at and trio.current_time() < deadline:
-            self._nudge = trio.Event()
-            with trio.move_on_at(deadline):
-                await self._nudge.wait()
+        """Wait for the next write: ``interval``, or a full batch (stages come meanwhile).
+
+        A burst's end that finds the write due writes it and moves the deadline
+        (:meth:`stage_now`): at a steady rate this task does not wake.
+        """
+        self._due = trio.current_time() + self.interval
+        try:
+            while (
+                len(self._pending) < self._full_at
+                and trio.current_time() < self._due
+                and not self._over_size
+            ):
+                self._nudge = trio.Event()
+                with trio.move_on_at(self._due) as self._gather_scope:
+                    await self._nudge.wait()
+        finally:
+            self._due, self._gather_scope = math.inf, None
 
     def stage_now(self) -> None:
-        """Insert what waits into the write's transaction, in a worker thread, if it is time.
+        """At a publisher's burst's end: write what waits if the write is due, else stage it.
 
-        The daemon calls this when a publisher's burst ends: once
-        ``stage_events`` wait, at most every ``stage_every`` seconds, while
-        the file is free. The thread leaves its answer for the next burst's
-        end to take; it wakes the loop only when the writer waits for it (a
-        wake-up was a lump of the loop's CPU between bursts,
-        docs/performance.md, "Where the daemon's CPU lands"). Events that no
-        burst's end stages (an agent's pace) are inserted by the write.
+        The write is due from ``1 - _EARLY`` of the interval on (the writer
+        task, woken at its deadline, would beat the bursts to nearly every
+        write); it moves the task's deadline on. A stage inserts what waits
+        into the write's transaction once ``stage_events`` wait, at most
+        every ``stage_every`` seconds. Either runs in a worker thread while
+        the file is free and leaves its answer for the next burst's end: the
+        thread wakes the loop only for a task that waits for it (each wake-up
+        was a lump of the loop's CPU between bursts, docs/performance.md).
         """
         if self._stage.busy:
             self._stage.take()
+        if (
+            self._stage.busy
+            or self._busy
+            or self._token is None
+            or len(self._flushing) != self.file.staged  # after a failed write: the writer's
+        ):
+            return
+        now = trio.current_time()
+        if now >= self._due - self.interval * _EARLY and len(self._pending) < self._full_at:
+            self._write_now(now, self._token)
+            return
         pending = len(self._pending)
         if (
             pending < self.stage_events
             or pending >= self._full_at  # a full batch: the write is coming, it inserts them
-            or self._stage.busy
-            or self._busy
-            or self._token is None
             or self.stage_every <= 0
-            or len(self._flushing) != self.file.staged  # after a failed write: no stage
+            or now < self._stage_from
         ):
-            return
-        now = trio.current_time()
-        if now < self._stage_from:
             return
         self._stage_from = now + self.stage_every
         events, raws = self._pending, self._pending_raws
@@ -516,7 +534,35 @@ class Journal:
         except RuntimeError as exc:  # no thread to be had: the write inserts them
             logger.warning("cannot stage events in the journal %s: %s", self.path, exc)
 
-    def _staged(self, result: outcome.Outcome[None]) -> None:
+    def _write_now(self, now: float, token: trio.lowlevel.TrioToken) -> None:
+        """The write the writer task gathers for, from a burst's end: its deadline moves on."""
+        write = self._next_write()
+        if write is None:
+            return
+        try:
+            self._stage.start(
+                partial(write.run, self.file), partial(self._written_at_end, write), token=token
+            )
+        except RuntimeError as exc:  # no thread to be had: the writer task writes it
+            logger.warning("cannot write the journal %s from a burst's end: %s", self.path, exc)
+            return
+        self._full_at = self.batch_events  # what comes now goes into the next transaction
+        self._due = now + self.interval
+        if self._gather_scope is not None:
+            self._gather_scope.deadline = self._due
+
+    def _written_at_end(self, write: _Write, result: outcome.Outcome[Written | None]) -> None:
+        """A burst's end's write, answered in Trio's thread (as :meth:`flush` ends)."""
+        match result:
+            case outcome.Value(value=Written() as written):
+                self._wrote(write, written)
+            case outcome.Error(error=sqlite3.Error() | OSError() as exc):
+                self._failed(exc)
+            case outcome.Error(error=exc):  # a bug: the writer task's retry meets it too
+                logger.error("the journal's write broke: %r", exc, exc_info=exc)
+                self._failed(exc)
+
+    def _staged(self, result: outcome.Outcome[Written | None]) -> None:
         """A stage's answer, in Trio's thread; a failure rolled it back: the write inserts all."""
         if isinstance(result, outcome.Error):
             exc = result.error
@@ -546,7 +592,6 @@ class Journal:
     async def prune(self, now: float | None = None) -> int:
         """Apply retention now (``now``: epoch seconds, for tests); the events removed.
 
-        Size is estimated from the average event, so a few rounds may be needed.
         Retention runs between writes, never inside one: what is staged is
         written first, and nothing is staged until it is done.
         """
@@ -554,40 +599,19 @@ class Journal:
         if self._stage.busy or self.file.staged:
             await self.flush()  # committed, or rolled back by a failure: nothing staged
         when = time.time() if now is None else now
-        removed = 0
         with self._holding():
             try:
-                for again in range(_PRUNE_ROUNDS):
-                    target = await self._in_thread(
-                        partial(self.file.prune_target, self.retention, when, again=again > 0)
-                    )
-                    if target <= self._counters.floor:
-                        break
-                    while target > self._counters.floor:
-                        floor, count = await self._in_thread(partial(self.file.prune_step, target))
-                        self._counters.floor = floor
-                        self._counters.events -= count
-                        removed += count
-                        await self._write_between()
-                    left: int | None = None
-                    while True:  # until no page is left, or a file without auto_vacuum gives none
-                        was, left = (
-                            left,
-                            await self._in_thread(partial(self.file.vacuum_step, self.retention)),
-                        )
-                        if left in (0, was):
-                            break
-                        await self._write_between()
-                    self._counters.bytes = await self._in_thread(self.file.checkpoint)
-                if removed:
-                    logger.info(
-                        "journal retention removed %d events (up to seq %d)",
-                        removed,
-                        self._counters.floor,
-                    )
+                return await prune_rounds(
+                    self.file,
+                    self.retention,
+                    when,
+                    self._counters,
+                    in_thread=self._in_thread,
+                    between=self._write_between,
+                )
             except sqlite3.Error as exc:
                 logger.error("journal retention failed on %s: %s", self.path, exc)
-        return removed
+                return 0
 
     async def _write_between(self) -> None:
         """Write what came during a step of retention: a full journal's prune takes two
@@ -646,22 +670,12 @@ class Journal:
 
     def span(self, after: int, upto: int) -> JournalSpan:
         """Capture seqs ``after < seq <= upto`` for a resume: call it synchronously."""
-        db_upto = min(upto, self._journaled)
-        entries = [
-            (envelope, raw)
-            for envelope, raw in zip(
-                (*self._flushing, *self._pending),
-                (*self._flushing_raws, *self._pending_raws),
-                strict=True,
-            )
-            if db_upto < envelope.seq <= upto and envelope.seq > after
-        ]
-        lost = [
-            (max(a, db_upto + 1, after + 1), min(b, upto))
-            for a, b in (*self._flushing_lost, *self._lost)
-            if b > max(db_upto, after) and a <= upto
-        ]
-        return JournalSpan(self.path, after, db_upto, upto, entries, lost)
+        queued = (
+            (*self._flushing, *self._pending),
+            (*self._flushing_raws, *self._pending_raws),
+        )
+        lost = (*self._flushing_lost, *self._lost)
+        return JournalSpan.capture(self.path, after, upto, self._journaled, queued, lost)
 
     def statistics(self) -> dict[str, Any]:
         c = self._counters

@@ -128,6 +128,31 @@ class JournalSpan:
     entries: list[tuple[Envelope[Event], msgspec.Raw]]
     lost: list[tuple[int, int]]
 
+    @classmethod
+    def capture(
+        cls,
+        path: Path,
+        after: int,
+        upto: int,
+        journaled: int,
+        queued: tuple[Sequence[Envelope[Event]], Sequence[msgspec.Raw]],
+        lost: Sequence[tuple[int, int]],
+    ) -> JournalSpan:
+        """The span of a journal written up to ``journaled``, with ``queued`` events (and
+        their bytes) and ``lost`` ranges in memory, not written yet."""
+        db_upto = min(upto, journaled)
+        entries = [
+            (envelope, raw)
+            for envelope, raw in zip(*queued, strict=True)
+            if db_upto < envelope.seq <= upto and envelope.seq > after
+        ]
+        cut = [
+            (max(a, db_upto + 1, after + 1), min(b, upto))
+            for a, b in lost
+            if b > max(db_upto, after) and a <= upto
+        ]
+        return cls(path, after, db_upto, upto, entries, cut)
+
     async def read(
         self,
         wants_row: RowFilter,
