@@ -13,8 +13,10 @@ what a write in flight left.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import pytest
 import trio
 import trio.testing
 
+from busd.daemon.journal import Journal
 from busd.daemon.journalfile import JournalFile
 from tests.test_journal_stage import (
     CountingToken,
@@ -59,24 +62,28 @@ class Told:
         self.delivered.clear()
 
 
-async def gathering(journal: Any, seqs: range) -> None:
-    """The first events after a write: the writer task wakes for them, and gathers."""
-    append(journal, seqs)
-    await trio.testing.wait_all_tasks_blocked()
-    assert journal._gather_scope is not None
+@contextlib.asynccontextmanager
+async def gathering(tmp_path: Path, interval: float = INTERVAL) -> AsyncIterator[Journal]:
+    """A running journal (no stages) that wrote seq 1 and gathers seqs 2..6 for its next
+    write (the first events after a write wake the writer task, once); stopped at the end."""
+    journal = journal_on(JournalFile.open(tmp_path / "j.sqlite3"), interval=interval, stage_every=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await first_write(journal)
+        append(journal, range(2, 7))
+        await trio.testing.wait_all_tasks_blocked()
+        assert journal._gather_scope is not None
+        yield journal
+        nursery.cancel_scope.cancel()
+    await journal.aclose()
 
 
 async def test_a_due_write_starts_at_a_bursts_end_and_the_writer_task_sleeps(
     tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    file = JournalFile.open(tmp_path / "j.sqlite3")
-    journal = journal_on(file, interval=INTERVAL, stage_every=0.0)
     told = Told(monkeypatch)
     steps = WriterSteps()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(journal.run)
-        await first_write(journal)
-        await gathering(journal, range(2, 7))
+    async with gathering(tmp_path) as journal:
         token = journal._token = CountingToken(journal._token)  # type: ignore[assignment, arg-type]
         trio.lowlevel.add_instrument(steps)
         try:
@@ -95,9 +102,7 @@ async def test_a_due_write_starts_at_a_bursts_end_and_the_writer_task_sleeps(
         assert steps.steps == 0
         assert token.calls == 0
         assert told.jobs == 10
-        nursery.cancel_scope.cancel()
-    await journal.aclose()
-    assert seqs_in(file.path) == list(range(1, 57))
+    assert seqs_in(journal.path) == list(range(1, 57))
 
 
 async def test_a_bursts_end_writes_in_the_intervals_last_fifth_and_before_it_leaves_it(
@@ -105,12 +110,7 @@ async def test_a_bursts_end_writes_in_the_intervals_last_fifth_and_before_it_lea
 ) -> None:
     """Woken at its deadline, the writer task would beat the bursts to nearly every write:
     a burst's end writes from 4/5 of the interval on (the deadline moves on)."""
-    file = JournalFile.open(tmp_path / "j.sqlite3")
-    journal = journal_on(file, interval=INTERVAL, stage_every=0.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(journal.run)
-        await first_write(journal)
-        await gathering(journal, range(2, 7))
+    async with gathering(tmp_path) as journal:
         mock_clock.jump(INTERVAL * 0.75)
         append(journal, range(7, 12))
         assert not journal._stage.busy  # not yet
@@ -125,9 +125,7 @@ async def test_a_bursts_end_writes_in_the_intervals_last_fifth_and_before_it_lea
         before = trio.current_time()
         await journal.journaled(21)  # no burst after it: the writer's deadline
         assert trio.current_time() - before == pytest.approx(INTERVAL)
-        nursery.cancel_scope.cancel()
-    await journal.aclose()
-    assert seqs_in(file.path) == list(range(1, 22))
+    assert seqs_in(journal.path) == list(range(1, 22))
 
 
 @pytest.mark.parametrize("waiter", ["journaled", "durable"])
@@ -136,12 +134,7 @@ async def test_whoever_waits_for_a_write_from_a_bursts_end_is_woken_when_it_is_d
 ) -> None:
     """An acknowledged publish waits for its events' write: with no burst after it, the
     thread wakes the loop, instead of the answer waiting for the writer's next deadline."""
-    file = JournalFile.open(tmp_path / "j.sqlite3")
-    journal = journal_on(file, interval=60.0, stage_every=0.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(journal.run)
-        await first_write(journal)
-        await gathering(journal, range(2, 7))
+    async with gathering(tmp_path, 60.0) as journal:
         mock_clock.jump(60.0)
         append(journal, range(7, 12))  # due: written from the burst's end
         assert journal._stage.busy
@@ -154,31 +147,24 @@ async def test_whoever_waits_for_a_write_from_a_bursts_end_is_woken_when_it_is_d
             await journal.durable([(7, 11)])
         assert trio.current_time() == before
         assert journal.journaled_seq == 11
-        nursery.cancel_scope.cancel()
-    await journal.aclose()
-    assert seqs_in(file.path) == list(range(1, 12))
+    assert seqs_in(journal.path) == list(range(1, 12))
 
 
 async def test_a_write_from_a_bursts_end_that_fails_is_retried_by_the_writer_once(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
-    file = JournalFile.open(tmp_path / "j.sqlite3")
     reports: list[str] = []
-    journal = journal_on(file, interval=INTERVAL, stage_every=0.0)
-    journal._report = reports.append
-    write = file.write
     fail = [True]
+    async with gathering(tmp_path) as journal:
+        journal._report = reports.append
+        file, write = journal.file, journal.file.write
 
-    def failing_once(*args: Any, **kwargs: Any) -> Any:
-        if fail.pop() if fail else False:
-            raise sqlite3.OperationalError("disk I/O error")
-        return write(*args, **kwargs)
+        def failing_once(*args: Any, **kwargs: Any) -> Any:
+            if fail.pop() if fail else False:
+                raise sqlite3.OperationalError("disk I/O error")
+            return write(*args, **kwargs)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(journal.run)
-        await first_write(journal)
         file.write = failing_once  # type: ignore[method-assign]
-        await gathering(journal, range(2, 7))
         mock_clock.jump(INTERVAL)
         append(journal, range(7, 12))  # due: written from the burst's end, and it fails
         await journal._stage.wait()
@@ -189,26 +175,17 @@ async def test_a_write_from_a_bursts_end_that_fails_is_retried_by_the_writer_onc
         mock_clock.autojump_threshold = 0
         await journal.journaled(16)
         assert reports[1:] == [f"the journal {file.path} is written again"]
-        nursery.cancel_scope.cancel()
-    await journal.aclose()
-    assert seqs_in(file.path) == list(range(1, 17))
+    assert seqs_in(journal.path) == list(range(1, 17))
     assert journal.statistics()["duplicates"] == 0
 
 
 async def test_a_stop_writes_what_a_write_in_flight_left(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
-    file = JournalFile.open(tmp_path / "j.sqlite3")
-    journal = journal_on(file, interval=INTERVAL, stage_every=0.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(journal.run)
-        await first_write(journal)
-        await gathering(journal, range(2, 7))
+    async with gathering(tmp_path) as journal:
         mock_clock.jump(INTERVAL)
         append(journal, range(7, 12))  # the write is in its thread
         for seq in range(12, 15):  # and more come after it, unwritten
             append(journal, range(seq, seq + 1))
-        nursery.cancel_scope.cancel()
-    await journal.aclose()
     assert journal.unjournaled == []
-    assert seqs_in(file.path) == list(range(1, 15))
+    assert seqs_in(journal.path) == list(range(1, 15))
