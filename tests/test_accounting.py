@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from busd.core.accounting import Accountant
+from busd.core import estimate
+from busd.core.accounting import SETTLE_STRETCH, Accountant
 from busd.core.bus import Bus
 from busd.core.context import ContextRegistry
 from busd.core.events import (
@@ -249,3 +251,34 @@ def test_a_settle_with_a_stretch_leaves_fewer_deltas_waiting_and_reads_never_wai
         accountant.observe(Envelope(seq, 3.0, TextDelta(message_id="m", text="cd "), "s1"), 3.0)
     accountant.settle(stretch=4)
     assert accountant.deferred_deltas == 0  # a stretch: accounted at once
+
+
+def test_a_chunk_of_streamed_text_is_estimated_once_for_all_its_trackers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The session's and the run's stats and the context's message each estimate a
+    message's text in the same 4 KB chunks: the estimator does each chunk's work once
+    (it was a third of an accounting stretch's CPU, three times over)."""
+    counted: list[int] = []
+    fast = estimate._fast_estimate
+
+    def counting(text: str) -> int:
+        counted.append(len(text))
+        return fast(text)
+
+    monkeypatch.setattr(estimate, "_fast_estimate", counting)
+    estimate._recent.clear()
+    accountant = Accountant()
+    prose = "Streamed words, numbers 12345 and code() {\n  return x;\n}\n" * 400
+    seq = 0
+    for start in range(0, 3 * 4096 + 100, 70):  # bursts of 5 deltas of 14 characters
+        envelopes: list[Envelope[Event]] = []
+        for at in range(start, start + 70, 14):
+            seq += 1
+            delta = TextDelta(message_id="m1", text=prose[at : at + 14])
+            envelopes.append(Envelope(seq, 1.0, delta, "s1", "r1"))
+        accountant.observe_run(envelopes, 1.0)
+        accountant.settle(stretch=SETTLE_STRETCH)
+    accountant.settle()
+    assert len(counted) == 3  # three chunks of 4 KB, each once
+    assert all(n >= 4096 for n in counted)

@@ -454,3 +454,45 @@ def test_a_run_of_deltas_at_once_is_each_delta_in_turn(
     assert list(many._pending) == list(one._pending)
     assert many.statistics() == one.statistics()
     assert many.snapshot(2.0) == one.snapshot(2.0)
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=700), min_size=1, max_size=16),
+    st.sets(st.integers(min_value=0, max_value=15)),
+)
+@example([3, 3], {0})  # a read between two halves of a word
+def test_reading_a_tracker_leaves_the_figures_that_follow_as_they_would_be(
+    lengths: list[int], reads: set[int]
+) -> None:
+    """A read estimates the text not flushed yet without flushing it: a flush there cut
+    the text where a later one would not, and a word cut in two counts as two pieces."""
+    read, unread = StreamingStatsTracker(), StreamingStatsTracker()
+    at = 0
+    for i, n in enumerate(lengths):
+        envelope = text(_PROSE[at : at + n])
+        at += n
+        for tracker in (read, unread):
+            tracker.observe(envelope, now=1.0)
+        if i in reads:
+            read.snapshot(1.5)
+            read.statistics()
+    assert read.output_tokens == unread.output_tokens
+    assert read.statistics() == unread.statistics()
+    assert read.snapshot(2.0) == unread.snapshot(2.0)
+
+
+def test_a_run_that_is_all_of_its_sessions_output_shows_the_sessions_estimate() -> None:
+    """The daemon reads a busy session's stats every tick, its run's at the run's end:
+    the two trackers, fed the same text, must cut it alike to agree."""
+    registry = StatsRegistry()
+    at = 0
+    for n in (5, 800, 3, 2000, 7, 1500, 2500, 11):
+        delta = TextDelta(message_id="m1", text=_PROSE[at : at + n])
+        at += n
+        registry.observe(env(delta, run="r1"), now=1.0)
+        assert registry.session_stats("s1", 1.0) is not None  # a tick
+    session, run = registry.session_stats("s1", 2.0), registry.run_stats("r1", 2.0)
+    assert session is not None
+    assert run is not None
+    assert run.output_tokens == session.output_tokens
+    assert run.output_estimated

@@ -169,9 +169,10 @@ class StreamingStatsTracker:
     :param max_lanes: bound on remembered lanes; the oldest idle one is
         forgotten first (its counts stay in the totals).
 
-    Delta text is estimated lazily, in one pass over the text gathered since
-    the last read (or every few KiB): one regex call per snapshot instead of
-    one per delta, and a piece cut in two by a delta boundary counts once.
+    Delta text is estimated lazily, in chunks of at least 4 KiB (a read
+    estimates what is gathered without consuming it): one pass per chunk
+    instead of one per delta, a piece cut in two by a delta boundary counts
+    once, and the chunks do not depend on when the tracker is read.
     """
 
     __slots__ = (
@@ -225,9 +226,17 @@ class StreamingStatsTracker:
     @property
     def output_tokens(self) -> int:
         """Authoritative output plus the estimate of what came after the last report."""
-        if self._pending:
-            self._flush_all()
-        return self._auth_total + self._tail_total
+        return self._auth_total + self._tail_total + self._pending_tokens()
+
+    def _pending_tokens(self) -> int:
+        """The estimate of the text not flushed yet. A read leaves it pending: a lane is
+        estimated in the same chunks whenever it is read, so that the session's and the
+        run's trackers, fed the same text, cut it alike (:func:`estimate_tokens` remembers
+        a chunk it has just estimated)."""
+        pending = self._pending
+        if not pending:
+            return 0
+        return sum(estimate_tokens("".join(lane.pending)) for lane in pending.values())
 
     @property
     def authoritative_output_tokens(self) -> int:
@@ -254,25 +263,22 @@ class StreamingStatsTracker:
 
     def snapshot(self, now: float) -> StreamingStats:
         """The figures at ``now``; thinking and elapsed time tick with ``now``."""
-        if self._pending:
-            self._flush_all()
+        tail = self._tail_total + self._pending_tokens()
         return StreamingStats(
             elapsed_s=self.elapsed_s(now),
-            output_tokens=self._auth_total + self._tail_total,
-            output_estimated=self._tail_total > 0,
+            output_tokens=self._auth_total + tail,
+            output_estimated=tail > 0,
             thinking_s=self.thinking_s(now),
             thinking=bool(self._live),
         )
 
     def statistics(self) -> TrackerStatistics:
-        if self._pending:
-            self._flush_all()
         return TrackerStatistics(
             lanes=len(self._lanes),
             thinking_live=len(self._live),
             reports=self._reports,
             stale_reports=self._stale_reports,
-            estimated_tokens=self._estimated,
+            estimated_tokens=self._estimated + self._pending_tokens(),
         )
 
     # -- the clock ---------------------------------------------------------
@@ -413,10 +419,6 @@ class StreamingStatsTracker:
         lane.pending.clear()
         lane.pending_chars = 0
         del self._pending[key]
-
-    def _flush_all(self) -> None:
-        for key, lane in list(self._pending.items()):
-            self._flush(key, lane)
 
     def _completed(self, lane: _Lane, message_id: str, text: str) -> None:
         # A complete message whose deltas were counted adds nothing; one that
