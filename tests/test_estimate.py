@@ -9,6 +9,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from busd.core import estimate
 from busd.core.estimate import (
     _fast_estimate,
     _reference_estimate,
@@ -169,3 +170,17 @@ def test_texts_beyond_the_cached_masks_count_as_the_regex_does() -> None:
 def test_lone_surrogates_are_counted_by_the_regex() -> None:
     text = "ab \ud800\udfff cd " * 10  # not encodable as UTF-8
     assert estimate_tokens(text) == _reference_estimate(text) == 40
+
+
+def test_the_estimator_keeps_no_long_text_and_no_more_than_a_few() -> None:
+    """It remembers the last chunks it estimated (the accountant's trackers share them),
+    not a whole message or a tool's output, and not many of them."""
+    estimate._recent.clear()
+    for n in range(40):
+        assert estimate_tokens(f"{n} " + "word " * 1000) == estimate_tokens(
+            f"{n} " + "word " * 1000
+        )
+    assert 0 < len(estimate._recent) <= estimate._RECENT_MAX
+    big = "word " * 10_000
+    assert estimate_tokens(big) == _fast_estimate(big)
+    assert big not in estimate._recent

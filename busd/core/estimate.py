@@ -101,18 +101,22 @@ _MASK_CACHE_MAX = 1 << 16  # keep masks for texts up to 64 KiB (6 ints of that s
 _cached_masks: tuple[int, tuple[int, ...]] = (0, ())
 
 
-# Long texts estimated lately: the accountant's trackers estimate the same
+# Chunks estimated lately: the accountant's trackers estimate the same 4 KiB
 # chunk of a stream more than once (the session's and the run's lanes, the
-# context's message), each from its own join. Bounded; a dict's operations
-# are atomic, so threads may share it.
+# context's message), each from its own join. Bounded in count and in size
+# (a whole message or a tool's output is not kept); a dict's operations are
+# atomic, so threads may share it.
 _recent: dict[str, int] = {}
 _RECENT_MAX = 16
+_RECENT_CHARS = 16_384
 
 
 def estimate_tokens(text: str) -> int:
     """A deterministic O(n) token estimate: 0 for ``""``, at least 1 otherwise."""
     if len(text) < _SHORT:
         return _reference_estimate(text)
+    if len(text) > _RECENT_CHARS:
+        return _fast_estimate(text)
     count = _recent.get(text)
     if count is None:
         if len(_recent) >= _RECENT_MAX:
