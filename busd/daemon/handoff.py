@@ -2,11 +2,13 @@
 
 ``trio.to_thread.run_sync`` parks a task until the thread is done, and an
 answer posted with ``run_sync_soon`` wakes the loop for it: both cost the
-loop a wake-up per job. The journal stages rows at a publisher's burst's
-end, where nobody waits for the answer: the next burst's end takes it, and
-the loop is woken only when somebody does wait (the writer, before it uses
-the file). docs/performance.md, "Where the daemon's CPU lands", has what
-that wake-up cost the loop between bursts, and what it did not change.
+loop a wake-up per job. The journal stages rows and starts its writes at a
+publisher's burst's end, where nobody waits for the answer: the next
+burst's end takes it, and the loop is woken only when somebody does wait
+(the writer before it uses the file, an acknowledged publish for its
+write: :meth:`Handoff.want`). docs/performance.md, "Where the daemon's CPU
+lands" and "The journal's write from a burst's end", has what those
+wake-ups cost the loop between bursts.
 """
 
 from __future__ import annotations
