@@ -7,9 +7,11 @@ the marked copy compiles, and the arithmetic of its table.
 
 from __future__ import annotations
 
+import json
 import py_compile
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "contrib" / "bench"
 
 from bench_steps import (
     DAEMON_MARKS,
+    KEEP,
     LEAN_MARKS,
+    SKIP,
+    STEPS_MODULE,
     Mark,
     insert,
     marked_processes,
@@ -85,3 +90,29 @@ def test_the_spread_shows_a_lump_the_median_hides() -> None:
     assert (median, p75, p90) == (10.0, 10.0, 10.0)
     assert mean == pytest.approx(14.9)
     assert p99 > 400
+
+
+def test_the_marks_record_only_after_the_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up's bursts (a replay ring filling) are not the steady state's: the marks
+    start recording once the go file is there."""
+    out = tmp_path / "rows.json"
+    monkeypatch.setenv("BUSD_STEPS_OUT", str(out))
+    namespace: dict[str, object] = {}
+    exec(compile(STEPS_MODULE, "_steps.py", "exec"), namespace)
+    steps: Any = namespace["steps"]
+
+    def bursts(count: int) -> None:
+        for _ in range(count):
+            for step in ("read", "decoded", "first write", "last write", "end"):
+                steps.mark(step)
+
+    bursts(300)
+    assert steps.rows == []
+    Path(f"{out}.go").touch()
+    bursts(100)  # it looks for the file every 100 bursts
+    assert steps.rows == []
+    bursts(SKIP + KEEP)
+    assert len(steps.rows) == SKIP + KEEP
+    assert len(json.loads(out.read_text())) == KEEP
