@@ -631,6 +631,30 @@ async def test_a_publisher_s_bursts_over_a_socket_do_not_wake_the_fanout_task(
         assert server.daemon.fanout.statistics().task_wakeups == woken
 
 
+async def test_the_readers_yield_never_cuts_a_small_frame_in_two(sock_path: Path) -> None:
+    """The reader lets others run every 256 events, counted across frames. It cut the frame
+    that crossed the count: its first part went out in a pass of the fan-out's task (a wake-up
+    and a batch of its own), the rest with the burst's end. Small frames are kept whole."""
+    async with (
+        running_daemon(sock_path) as server,
+        connect(sock_path) as frontend,
+        frontend.subscribe(list(DELTAS), window_ms=0, deltas="raw") as sub,
+    ):
+        agent = await RawClient.open(sock_path, role="agent")
+        woken = server.daemon.fanout.statistics().task_wakeups
+        for i in range(120):  # 600 events in frames of 5, one frame a burst
+            texts = [f"{i}.{k} " for k in range(5)]
+            events = [
+                Outgoing(event=TextDelta(message_id="m", text=t), session_id="s1") for t in texts
+            ]
+            await agent.send(Publish(events=events))
+            with trio.fail_after(5):
+                batch = await anext(sub)
+            assert [e.event.text for e in batch.events] == texts  # type: ignore[attr-defined]
+        assert server.daemon.fanout.statistics().task_wakeups == woken
+        await agent.aclose()
+
+
 async def test_publish_frames_that_came_in_together_go_out_in_one_pass(sock_path: Path) -> None:
     async with (
         running_daemon(sock_path) as server,

@@ -405,7 +405,7 @@ class Connection:
         """Sequence a publish frame's events, all or none (each is checked first).
 
         A frame can carry thousands of small events: the reader yields every
-        so often, so that subscribers drain meanwhile.
+        so often (never inside a small frame), so that subscribers drain meanwhile.
         """
         events = frame.events
         if frame is not self._covered:  # judged whole: _forbidden has passed it, then this
@@ -418,14 +418,14 @@ class Connection:
         self._covered = None
         start = 0
         while start < len(events):  # checked above: published as they are, deltas as runs
-            chunk = events[start : start + _YIELD_EVERY - self._unyielded]
+            chunk = events[start : start + _YIELD_EVERY]
             start += len(chunk)
             if start == len(events) and not self._decoder.complete:  # what came in ends here
                 self.daemon.publish_frame_and_settle(chunk, source=self.name)
             else:
                 self.daemon.publish_frame(chunk, source=self.name)
             self._unyielded += len(chunk)
-            if self._unyielded >= _YIELD_EVERY:  # counted across frames: small ones add up
+            if self._unyielded >= _YIELD_EVERY:  # counted across frames, after whole ones
                 self._unyielded = 0
                 await self._journal_room()
                 await trio.lowlevel.checkpoint()
