@@ -139,7 +139,7 @@ async def test_whoever_waits_for_a_write_from_a_bursts_end_is_woken_when_it_is_d
         append(journal, range(7, 12))  # due: written from the burst's end
         assert journal._stage.busy
         # A wake-up that never comes leaves the autojump to the writer's deadline, 60 s on.
-        mock_clock.autojump_threshold = 0.5
+        mock_clock.autojump_threshold = 5.0  # real seconds idle: the thread takes milliseconds
         before = trio.current_time()
         if waiter == "journaled":
             await journal.journaled(11)
