@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from busd.daemon.journal import Journal
 from busd.daemon.journalfile import JournalFile
 from tests.test_journal_stage import (
     CountingToken,
+    Told,
     WriterSteps,
     append,
     first_write,
@@ -36,30 +36,6 @@ from tests.test_journal_stage import (
 )
 
 INTERVAL = 0.05
-
-
-class Told:
-    """Tells when a worker thread has delivered its job's answer (``start_thread_soon``)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.delivered = threading.Event()
-        self.jobs = 0
-        start = trio.lowlevel.start_thread_soon
-
-        def start_and_tell(fn: Any, deliver: Any, **kwargs: Any) -> None:
-            def told(result: Any) -> None:
-                deliver(result)
-                self.delivered.set()
-
-            self.jobs += 1
-            start(fn, told, **kwargs)
-
-        monkeypatch.setattr(trio.lowlevel, "start_thread_soon", start_and_tell)
-
-    async def done(self) -> None:
-        """The last job's thread has answered (the loop has not taken it)."""
-        await trio.to_thread.run_sync(self.delivered.wait)
-        self.delivered.clear()
 
 
 @contextlib.asynccontextmanager

@@ -484,6 +484,30 @@ class CountingToken:
         self.token.run_sync_soon(fn, *args)
 
 
+class Told:
+    """Tells when a worker thread has delivered its job's answer (``start_thread_soon``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.delivered = threading.Event()
+        self.jobs = 0
+        start = trio.lowlevel.start_thread_soon
+
+        def start_and_tell(fn: Any, deliver: Any, **kwargs: Any) -> None:
+            def told(result: Any) -> None:
+                deliver(result)
+                self.delivered.set()
+
+            self.jobs += 1
+            start(fn, told, **kwargs)
+
+        monkeypatch.setattr(trio.lowlevel, "start_thread_soon", start_and_tell)
+
+    async def done(self) -> None:
+        """The last job's thread has answered (the loop has not taken it)."""
+        await trio.to_thread.run_sync(self.delivered.wait)
+        self.delivered.clear()
+
+
 async def test_a_stage_answers_without_waking_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -492,25 +516,14 @@ async def test_a_stage_answers_without_waking_the_loop(
     does wait, is woken (test_a_write_waits_for_the_stage_in_flight)."""
     file = JournalFile.open(tmp_path / "j.sqlite3")
     journal = journal_on(file, interval=60.0, stage_every=1e-9, stage_events=5)
-    delivered = threading.Event()
-    start = trio.lowlevel.start_thread_soon
-
-    def start_and_tell(fn: Any, deliver: Any, **kwargs: Any) -> None:
-        def told(result: Any) -> None:
-            deliver(result)
-            delivered.set()
-
-        start(fn, told, **kwargs)
-
-    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", start_and_tell)
+    told = Told(monkeypatch)
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         await first_write(journal)
         token = journal._token = CountingToken(journal._token)  # type: ignore[assignment, arg-type]
         for start_seq in range(2, 32, 10):
-            delivered.clear()
             append(journal, range(start_seq, start_seq + 10))  # takes the last answer, stages
-            await trio.to_thread.run_sync(delivered.wait)
+            await told.done()
             assert journal._stage.busy  # answered, and not taken: nobody was woken
         assert token.calls == 0
         journal.stage_now()  # the next burst's end takes it

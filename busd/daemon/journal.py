@@ -381,15 +381,14 @@ class Journal:
     async def flush(self) -> bool:
         """Write everything queued so far in one transaction; ``False`` if the write failed."""
         await self._stage.wait()  # a stage's or a burst's write's answer first
-        with self._holding():
-            write = self._next_write()
-            if write is None:
-                return True
-            try:
-                written = await trio.to_thread.run_sync(write.run, self.file)
-            except (sqlite3.Error, OSError) as exc:
-                self._failed(exc)
-                return False
+        write = self._next_write()  # (_in_thread then holds the file at once: no checkpoint)
+        if write is None:
+            return True
+        try:
+            written = await self._in_thread(partial(write.run, self.file))
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
+            return False
         self._wrote(write, written)
         return True
 
