@@ -36,7 +36,16 @@ from busd.daemon.batching import BatchDispatcher
 from busd.daemon.fanout import shared_parts
 from busd.daemon.hub import Daemon, DaemonConfig, Subscription
 from busd.daemon.outbox import Out, Outbox
-from busd.wire import Encoder, Events, Outgoing, Publish, encode_envelope, encode_frame, pack_events
+from busd.wire import (
+    Encoder,
+    Events,
+    Outgoing,
+    Ping,
+    Publish,
+    encode_envelope,
+    encode_frame,
+    pack_events,
+)
 
 from .daemon_helpers import RawClient, running_daemon
 
@@ -652,6 +661,46 @@ async def test_the_readers_yield_never_cuts_a_small_frame_in_two(sock_path: Path
                 batch = await anext(sub)
             assert [e.event.text for e in batch.events] == texts  # type: ignore[attr-defined]
         assert server.daemon.fanout.statistics().task_wakeups == woken
+        await agent.aclose()
+
+
+async def test_a_publishers_burst_is_settled_once(
+    sock_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish frame that ends what came in settles its burst itself (the pass, accounting,
+    ids, the journal's stage); the reader settled it again before its next read, finding
+    nothing to do at the price of a cold pass through all of them. A chunk that ends with
+    another frame is still settled by the reader, once."""
+    async with (
+        running_daemon(sock_path) as server,
+        connect(sock_path) as frontend,
+        frontend.subscribe(list(DELTAS), window_ms=0, deltas="raw") as sub,
+    ):
+        daemon = server.daemon
+        agent = await RawClient.open(sock_path, role="agent")
+        await agent.send(Publish(events=burst(-1)))  # read after the hello's chunk was settled
+        with trio.fail_after(5):
+            await anext(sub)
+        settles = 0
+        settle = daemon.settle
+
+        def counted() -> None:
+            nonlocal settles
+            settles += 1
+            settle()
+
+        monkeypatch.setattr(daemon, "settle", counted)
+        for i in range(10):  # one frame a burst
+            await agent.send(Publish(events=burst(i)))
+            with trio.fail_after(5):
+                batch = await anext(sub)
+            assert [e.event.text for e in batch.events] == [f"{i} "]  # type: ignore[attr-defined]
+        assert settles == 10
+        await agent.send_bytes(encode_frame(Publish(events=burst(10))) + encode_frame(Ping()))
+        with trio.fail_after(5):
+            batch = await anext(sub)
+        assert [e.event.text for e in batch.events] == ["10 "]  # type: ignore[attr-defined]
+        assert settles == 11  # the ping ended the chunk: the reader settled the publish
         await agent.aclose()
 
 

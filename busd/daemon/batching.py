@@ -361,6 +361,11 @@ class BatchDispatcher:
 
     # -- the owner's side -------------------------------------------------------
 
+    def since(self, batch: list[Envelope[Event]]) -> int:
+        """The resume point before a batch being handed to ``send``: before its first event."""
+        first = self.pending_seq()
+        return (first if first is not None else batch[0].seq) - 1
+
     def pending_seq(self) -> int | None:
         """The oldest ``seq`` given to ``add`` whose ``send`` has not returned, if any.
 

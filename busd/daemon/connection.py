@@ -122,6 +122,7 @@ class Connection:
         self._rights: frozenset[Right] = frozenset()  # nothing before the hello
         self._vetted = Vetted()  # what its publishes were allowed, while the runs allow it
         self._covered: Publish[Event] | None = None  # the frame _forbidden found vetted
+        self._settled = False  # what came in ended with a publish that settled its burst
         config = daemon.config
         self._decoder = client_frame_decoder(daemon.catalog, max_frame=config.max_frame)
         self._encoder = Encoder(max_frame=config.max_frame)
@@ -395,7 +396,9 @@ class Connection:
                         self._queue(Error(code=BAD_HANDSHAKE, message="hello was already received"))
             # What this chunk published is accounted and goes out before we wait
             # for the next one, not after a task switch (latency at a steady rate).
-            self.daemon.settle()
+            if not self._settled:
+                self.daemon.settle()
+            self._settled = False
             data = await self._receive()
             if not data:
                 return  # the client went away
@@ -422,6 +425,7 @@ class Connection:
             start += len(chunk)
             if start == len(events) and not self._decoder.complete:  # what came in ends here
                 self.daemon.publish_frame_and_settle(chunk, source=self.name)
+                self._settled = True  # the reader need not settle it again
             else:
                 self.daemon.publish_frame(chunk, source=self.name)
             self._unyielded += len(chunk)
@@ -473,7 +477,7 @@ class Connection:
             return
 
         async def send(batch: list[Envelope[Event]]) -> None:
-            since = _batch_since(dispatcher, batch)
+            since = dispatcher.since(batch)
             self._since[sub] = since
             await self._send_events(sub, [e.seq for e in batch], self.daemon.raws(batch), since)
             self._since.pop(sub, None)  # not on failure: its resume point stays
@@ -692,9 +696,3 @@ class Connection:
             self._drop(sub)
         self._subs.clear()
         self._close_with(goodbye)
-
-
-def _batch_since(dispatcher: BatchDispatcher, batch: list[Envelope[Event]]) -> int:
-    """The resume point before a batch the dispatcher is handing over: before its first event."""
-    first = dispatcher.pending_seq()
-    return (first if first is not None else batch[0].seq) - 1
