@@ -102,8 +102,14 @@ class EventIds:
         if self._ready_from == first and len(self._ready) >= _READY // 2:
             return
         group = first & _LAST_GROUP
-        take = min(_READY, _LAST_GROUP - group + 1)
-        self._ready = [f"{value:012x}" for value in range(group, group + take)]
+        end = group + min(_READY, _LAST_GROUP - group + 1)
+        ready: list[str] = []
+        while group < end:  # a format per 256 values, then only joins (the lump was 64 formats)
+            low = group & 0xFF
+            take = min(end - group, 256 - low)
+            ready += map(f"{group >> 8:010x}".__add__, _HEX2[low : low + take])
+            group += take
+        self._ready = ready
         self._ready_from = first
 
     def _format_prefix(self, ms: int, low: int) -> None:

@@ -563,25 +563,30 @@ class SessionRegistry:
         """:meth:`observe` each of a run of one type that changes no session's record.
 
         The daemon's runs of deltas: within a stretch of the same session,
-        agent, run, source and staleness, only the first and the last
-        envelope change anything but the count, so the rest are counted.
+        agent, run, source and staleness, only the last envelope changes
+        anything but the count, once the session is known (the first makes
+        a new one, with its seq and time), so the rest are counted.
         """
         observe = self.observe
         if not envelopes or _UPDATES.get(type(envelopes[0].event)) is not None:
             for envelope in envelopes:
                 observe(envelope)
             return
+        sessions = self._sessions
         i = 0
-        for _, same in itertools.groupby(map(_STRETCH_OF, envelopes)):
+        for (session_id, *_), same in itertools.groupby(map(_STRETCH_OF, envelopes)):
             j = i + len(list(same))
-            first = envelopes[i]
-            observe(first)
-            if j - i > 1:
+            if session_id is None:
+                i = j
+                continue
+            if session_id not in sessions:
+                observe(envelopes[i])
+                i += 1
+            if i < j:
                 observe(envelopes[j - 1])
-                skipped = j - i - 2
-                if skipped and first.session_id is not None:
-                    self._observed += skipped
-                    self._sessions[first.session_id].events += skipped
+                if j - i > 1:
+                    self._observed += j - i - 1
+                    sessions[session_id].events += j - i - 1
             i = j
 
     def restore(
