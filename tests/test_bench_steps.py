@@ -23,6 +23,7 @@ from bench_steps import (
     LEAN_MARKS,
     SKIP,
     STEPS_MODULE,
+    TRACE_EVERY,
     Mark,
     insert,
     marked_processes,
@@ -116,3 +117,29 @@ def test_the_marks_record_only_after_the_warm_up(
     bursts(SKIP + KEEP)
     assert len(steps.rows) == SKIP + KEEP
     assert len(json.loads(out.read_text())) == KEEP
+
+
+def _three_lines() -> int:
+    a = 1
+    b = a + 1
+    return a + b
+
+
+def test_lines_traces_one_recorded_burst_in_twenty_and_leaves_it_out_of_the_timings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BUSD_STEPS_OUT", str(tmp_path / "out.json"))
+    monkeypatch.setenv("BUSD_STEPS_LINES", "1")
+    module: dict[str, Any] = {}
+    exec(compile(STEPS_MODULE, "_steps.py", "exec"), module)  # as the copy's busd/_steps.py
+    steps = module["Steps"]()
+    steps.recording = True
+    for _ in range(2 * TRACE_EVERY):
+        steps.mark("read")
+        _three_lines()
+        steps.mark("first write")
+        steps.mark("end")
+    assert steps.lines.bursts == 2  # the 1st and the 21st
+    assert steps.lines.counts == {"test_bench_steps.py:_three_lines": 6}
+    assert len(steps.rows) == 2 * TRACE_EVERY - 2  # a traced burst's time is the tracer's
+    assert sys.gettrace() is None

@@ -1,6 +1,6 @@
 """Where a burst's CPU goes, step by step: busd's daemon against the lean server, steady rate.
 
-    .venv/bin/python contrib/bench/bench_steps.py [--events 30000] [--spread]
+    .venv/bin/python contrib/bench/bench_steps.py [--events 30000] [--spread] [--lines]
 
 Copies ``busd`` and ``fanout_peers.py`` into a temporary directory and puts a
 mark (the thread's CPU clock, ``time.thread_time_ns()``) at each step of a
@@ -16,6 +16,10 @@ one burst in five), then the marks record ``bench_fanout``'s latency test
 median and mean CPU of a burst's main thread in µs (``--spread``: and the
 75th, 90th and 99th percentiles, where a step's occasional lumps show). A
 mark costs about a microsecond; the tree in the repository is not changed.
+``--lines`` also traces one recorded burst in 20 (``sys.settrace``, left
+out of the timings) and prints the Python lines a burst runs, by function:
+with caches gone cold between bursts, a burst's CPU follows how much code
+it runs more than how many events it carries.
 
 The marks go in by anchors: lines of the code they follow or precede. If
 the code moved on and an anchor no longer matches, the run stops and names
@@ -36,6 +40,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import bench_fanout
 from bench_fanout import Processes, measure, start_server
@@ -46,11 +51,33 @@ SUBSCRIBERS = 4
 RATE = 5_000.0
 SKIP, KEEP = 500, 3_000  # bursts: the first ones warm up, then these are kept
 WARMUP = 120_000  # events flat out first: more than the replay ring holds (100,000)
+TRACE_EVERY = 20  # --lines: one recorded burst in this many is traced (and not timed)
 
 STEPS_MODULE = f'''"""Marks at the steps of a burst (bench_steps.py writes this into a copy)."""
-import json, os, time
+import json, os, sys, time
 
 _OUT = os.environ.get("BUSD_STEPS_OUT")
+_LINES = bool(os.environ.get("BUSD_STEPS_LINES"))  # --lines: trace 1 burst in {TRACE_EVERY}
+
+
+class Lines:
+    """The Python lines the main thread runs in traced bursts (``sys.settrace``), by function."""
+
+    def __init__(self):
+        self.counts, self.distinct, self.bursts = {{}}, set(), 0
+
+    def trace(self, frame, event, arg):
+        if event == "line":
+            code = frame.f_code
+            name = os.path.basename(code.co_filename)
+            if name != "_steps.py":  # not the marks'
+                key = name + ":" + code.co_name
+                self.counts[key] = self.counts.get(key, 0) + 1
+                self.distinct.add((code.co_filename, frame.f_lineno))
+        return self.trace
+
+    def summary(self):
+        return {{"bursts": self.bursts, "distinct": len(self.distinct), "counts": self.counts}}
 
 
 class Steps:
@@ -60,24 +87,39 @@ class Steps:
         self.rows, self.current = [], {{}}
         self.bursts = 0  # before recording: the warm-up's, counted to look for the go file
         self.recording = False
+        self.lines = Lines() if _LINES else None
+        self.seen = 0  # bursts since recording started, traced ones included
+        self.tracing = False
 
     def mark(self, step):
         now = time.thread_time_ns()
         if step == "read":
             self.current = {{"read": now, "previous end": self.current.get("previous end")}}
+            if self.lines is not None and self.recording and self.seen % {TRACE_EVERY} == 0:
+                self.tracing = True  # from the next call on: the tracer's own time is no step
+                sys.settrace(self.lines.trace)
         elif step == "last write":
             self.current[step] = now
         elif step == "end":
-            if not self.recording:
+            if self.tracing:
+                sys.settrace(None)
+                self.tracing = False
+                self.lines.bursts += 1
+                self.seen += 1
+            elif not self.recording:
                 self.bursts += 1
                 if self.bursts % 100 == 0 and os.path.exists(_OUT + ".go"):
                     self.recording = True
             elif "read" in self.current and "first write" in self.current:
+                self.seen += 1
                 self.current["end"] = now
                 self.rows.append(self.current)
                 if len(self.rows) == {SKIP + KEEP}:
                     with open(_OUT, "w") as f:
                         json.dump(self.rows[{SKIP}:], f)
+                    if self.lines is not None:
+                        with open(_OUT + ".lines", "w") as f:
+                            json.dump(self.lines.summary(), f)
             self.current = {{"previous end": now}}
         else:
             self.current.setdefault(step, now)
@@ -309,10 +351,18 @@ def main() -> None:
     parser.add_argument(
         "--spread", action="store_true", help="also each step's 75th, 90th and 99th percentiles"
     )
+    parser.add_argument(
+        "--lines",
+        action="store_true",
+        help=f"also count the Python lines a burst runs (1 in {TRACE_EVERY} traced, not timed)",
+    )
     args = parser.parse_args()
     if args.events < (SKIP + KEEP) * 7:
         parser.error(f"--events must be at least {(SKIP + KEEP) * 7:,} (bursts of about 5)")
     results = {}
+    lines: dict[str, dict[str, Any]] = {}
+    if args.lines:
+        os.environ["BUSD_STEPS_LINES"] = "1"
     with tempfile.TemporaryDirectory(prefix="busd-steps-") as name:
         tmp = Path(name)
         root = prepare(tmp)
@@ -340,6 +390,8 @@ def main() -> None:
                 if outcome.problem or not out.exists():
                     sys.exit(f"bench_steps: {system}: {outcome.problem or 'too few bursts marked'}")
                 results[system] = summarize(json.loads(out.read_text()))
+                if args.lines:
+                    lines[system] = json.loads(Path(f"{out}.lines").read_text())
     print(
         f"CPU of a burst's main thread, µs (median / mean of {KEEP:,} bursts), "
         f"{SUBSCRIBERS} subscribers at {RATE:,.0f} events/s, window 0:\n"
@@ -349,6 +401,25 @@ def main() -> None:
         cut = " / ".join(f"p{p}" for p in SPREAD)
         print(f"\nThe same steps' spread, µs ({cut}):\n")
         table(results, lambda found: " / ".join(f"{v:.0f}" for v in found[2:]))
+    if args.lines:
+        print_lines(lines)
+
+
+def print_lines(lines: dict[str, dict[str, Any]], top: int = 15) -> None:
+    """Lines a traced burst runs, and the functions that run the most of them, per server."""
+    print("\nPython lines a burst runs (sys.settrace on the main thread; the marks' excluded):\n")
+    print("| server | bursts traced | lines a burst | distinct lines, all traced bursts |")
+    print("| --- | ---: | ---: | ---: |")
+    for system, found in lines.items():
+        per = sum(found["counts"].values()) / max(1, found["bursts"])
+        print(f"| {system} | {found['bursts']} | {per:.0f} | {found['distinct']} |")
+    for system, found in lines.items():
+        print(f"\n{system}, the functions that run the most lines (a burst):\n")
+        print("| function | lines |")
+        print("| --- | ---: |")
+        ranked = sorted(found["counts"].items(), key=lambda item: -item[1])[:top]
+        for function, count in ranked:
+            print(f"| {function} | {count / max(1, found['bursts']):.1f} |")
 
 
 def table(
