@@ -25,6 +25,7 @@ from busd.wire import (
     PROTOCOL_VERSION,
     Bye,
     Error,
+    Frame,
     Goodbye,
     Hello,
     Subscribe,
@@ -192,7 +193,7 @@ async def test_sigterm_says_goodbye_to_clients_and_exits_cleanly(sock_path: Path
         client = await trio.open_unix_socket(str(sock_path))
         await client.send_all(encode_frame(Hello(protocol=PROTOCOL_VERSION, client="t")))
         decoder = server_frame_decoder(Catalog())
-        frames = []
+        frames: list[Frame] = []
         with trio.fail_after(10):
             while not frames:  # welcomed first: a connection still in the listen backlog at
                 decoder.feed(await client.receive_some(65536))  # the signal is reset, not told
