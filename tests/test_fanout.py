@@ -839,15 +839,15 @@ async def test_frames_with_a_shared_array_arrive_whole_through_a_small_socket_bu
         on_broken=lambda: broken.append(True),
     )
     body = bytes(range(256)) * 200  # 51,200 bytes shared by every frame
-    frames = [Out(f"head-{i}".encode(), i, tail=body) for i in range(20)]
-    expected = b"".join(f.data + f.tail for f in frames)
+    heads = [f"head-{i}".encode() for i in range(20)]
+    expected = b"".join(head + body for head in heads)
     got = bytearray()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(outbox.run)
         await trio.testing.wait_all_tasks_blocked()
-        outbox.push(frames[0])  # written through (writev), most of it waits
-        for f in frames[1:]:
-            outbox.push(f)  # queued: the writer's sendmsg
+        outbox.push(heads[0], body, since=0)  # written through (writev), most of it waits
+        for i, head in enumerate(heads[1:], 1):
+            outbox.push(head, body, since=i)  # queued: the writer's sendmsg
         with trio.fail_after(10):
             while len(got) < len(expected):
                 got += await receiver.receive_some(1 << 16)

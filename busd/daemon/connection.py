@@ -87,7 +87,7 @@ from .fanout import shared_parts
 from .hub import Daemon, Resume, Subscription
 from .ingests import Ingests
 from .journal import JournalSpan, Missing
-from .outbox import Out, Outbox, close_gracefully
+from .outbox import Outbox, close_gracefully
 
 __all__ = ["Connection"]
 
@@ -482,10 +482,31 @@ class Connection:
             await self._send_events(sub, [e.seq for e in batch], self.daemon.raws(batch), since)
             self._since.pop(sub, None)  # not on failure: its resume point stays
 
+        config, outbox, events_head = self.daemon.config, self._outbox, self._encoder.events_head
+        outbound_cap, parts_cap = config.outbound_cap, config.max_frame - _EVENTS_OVERHEAD
+
         def send_shared(batch: SharedBatch) -> bool:
-            # Called from the fan-out's pass (anyone's task): a failure is ours, not theirs.
+            """A cohort's batch as ``events`` frames, written now; ``False`` if it must wait.
+
+            The fan-out's pass calls it once per member (from anyone's task: a
+            failure is ours, not theirs). The array is packed once per batch, its
+            head once per subscription id; nothing else is made or called per
+            member that need not be (docs/performance.md, "The code a burst runs").
+            """
             try:
-                return self._send_shared(sub, batch)
+                if outbox.closing:  # the connection is ending (``_closing``)
+                    return True  # as the async path: nothing goes out any more
+                if batch.size > outbound_cap or not outbox.fits(batch.size):
+                    return False  # the subscription's loop sends it, waiting for room
+                parts = batch.parts or shared_parts(batch, parts_cap)
+                if parts is None:
+                    return False  # an envelope over the cap: the loop says so
+                for part in parts:
+                    head = part.heads.get(sub_id)
+                    if head is None:
+                        head = part.heads[sub_id] = events_head(sub_id, part.body)
+                    outbox.push(head, part.body, since=part.since)
+                return True
             except Exception as exc:
                 self._failed(exc, f"delivering to subscription {sub_id}")
                 return True
@@ -617,7 +638,7 @@ class Connection:
     # -- writing -----------------------------------------------------------------
 
     def _queue(self, frame: Frame, *, reply: bool = False) -> None:
-        self._outbox.push(Out(self._encoder.encode(frame), reply=reply))
+        self._outbox.push(self._encoder.encode(frame), reply=reply)
 
     async def _send_events(
         self, sub: Subscription, seqs: list[int], raws: list[msgspec.Raw], since: int
@@ -647,7 +668,7 @@ class Connection:
                 data = self._encoder.encode(Events(sub=sub.id, events=raws[start:end]))
                 if not await self._outbox.room(len(data)):
                     return
-                self._outbox.push(Out(data, since))
+                self._outbox.push(data, since=since)
                 start = end - 1
             since = seqs[start]
             start += 1
@@ -662,27 +683,6 @@ class Connection:
         )
         logger.warning("%s: %s", self.name, message)
         self._queue(Error(code=FRAME_TOO_LARGE, message=message, ref=sub_id))
-
-    def _send_shared(self, sub: Subscription, batch: SharedBatch) -> bool:
-        """A cohort's batch as one ``events`` frame, queued now; ``False`` if it must wait.
-
-        The array is packed once per batch and shared by every member (its
-        head once per subscription id): nothing big is copied per member.
-        """
-        if self._closing:
-            return True  # as the async path: nothing goes out any more
-        config = self.daemon.config
-        if batch.size > config.outbound_cap or not self._outbox.fits(batch.size):
-            return False  # the subscription's loop sends it, waiting for room
-        parts = shared_parts(batch, config.max_frame - _EVENTS_OVERHEAD)
-        if parts is None:
-            return False  # an envelope over the cap: the loop says so
-        for part in parts:
-            head = part.heads.get(sub.id)
-            if head is None:
-                head = part.heads[sub.id] = self._encoder.events_head(sub.id, part.body)
-            self._outbox.push(Out(head, part.since, tail=part.body))
-        return True
 
     def _slow_consumer(self) -> None:
         """The client cannot keep up: drop what is queued, say where to resume, close."""

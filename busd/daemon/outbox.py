@@ -122,24 +122,36 @@ class Outbox:
                 return False
         return not self.closing
 
-    def push(self, out: Out) -> None:
+    def push(
+        self,
+        data: bytes,
+        tail: bytes | memoryview = b"",
+        *,
+        since: int | None = None,
+        reply: bool = False,
+    ) -> None:
+        """Queue a frame, ``data`` then ``tail`` (:class:`Out` has the fields' meaning).
+
+        When nothing waits before it, it is written through at once, and an
+        :class:`Out` is made only for what the writer must finish: the
+        fan-out's path (once per member and batch) makes none.
+        """
         if self.closing:
             return
+        written = 0
         if self._parked and not self._out and self._fd is not None:
             try:
-                if out.tail:
-                    written = os.writev(self._fd, (out.data, out.tail))
-                else:
-                    written = os.write(self._fd, out.data)
+                written = os.writev(self._fd, (data, tail)) if tail else os.write(self._fd, data)
             except BlockingIOError:
-                written = 0
+                pass
             except OSError:  # the peer is gone: as the writer does
                 self._broke()
                 return
-            if written == out.size:
+            if written == len(data) + len(tail):
                 return
-            if written:
-                out = out.rest(written)
+        out = Out(data, since, reply, tail=tail)
+        if written:
+            out = out.rest(written)
         self._out.append(out)
         self._out_bytes += out.size
         if out.reply:

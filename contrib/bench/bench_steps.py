@@ -204,12 +204,12 @@ DAEMON_MARKS = [
     ),
     Mark(
         "busd/daemon/outbox.py",
-        "                if out.tail:\n                    written = os.writev(",
+        "                written = os.writev(self._fd, (data, tail)) if tail else os.write(",
         marked(16, "first write"),
     ),
     Mark(
         "busd/daemon/outbox.py",
-        "            if written == out.size:\n                return",
+        "            if written == len(data) + len(tail):\n                return",
         marked(12, "last write"),
     ),
 ]
