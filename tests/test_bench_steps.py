@@ -93,6 +93,13 @@ def test_the_spread_shows_a_lump_the_median_hides() -> None:
     assert p99 > 400
 
 
+def _steps_module() -> dict[str, Any]:
+    """The marks' module as the copy's ``busd/_steps.py`` runs it, read from the environment now."""
+    module: dict[str, Any] = {}
+    exec(compile(STEPS_MODULE, "_steps.py", "exec"), module)
+    return module
+
+
 def test_the_marks_record_only_after_the_warm_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,9 +107,7 @@ def test_the_marks_record_only_after_the_warm_up(
     start recording once the go file is there."""
     out = tmp_path / "rows.json"
     monkeypatch.setenv("BUSD_STEPS_OUT", str(out))
-    namespace: dict[str, object] = {}
-    exec(compile(STEPS_MODULE, "_steps.py", "exec"), namespace)
-    steps: Any = namespace["steps"]
+    steps = _steps_module()["steps"]
 
     def bursts(count: int) -> None:
         for _ in range(count):
@@ -130,9 +135,7 @@ def test_lines_traces_one_recorded_burst_in_twenty_and_leaves_it_out_of_the_timi
 ) -> None:
     monkeypatch.setenv("BUSD_STEPS_OUT", str(tmp_path / "out.json"))
     monkeypatch.setenv("BUSD_STEPS_LINES", "1")
-    module: dict[str, Any] = {}
-    exec(compile(STEPS_MODULE, "_steps.py", "exec"), module)  # as the copy's busd/_steps.py
-    steps = module["Steps"]()
+    steps = _steps_module()["steps"]
     steps.recording = True
     for _ in range(2 * TRACE_EVERY):
         steps.mark("read")
