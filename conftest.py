@@ -1,8 +1,16 @@
-"""Fixtures every test gets."""
+"""Fixtures and settings every test gets."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+# Property tests judge behaviour, not speed: no per-example deadline. Speed is
+# measured by the benchmarks in contrib/bench/, never by timed assertions; a
+# busy machine (the tests run on every core, beside real agent programs) makes
+# an example slow, not wrong, and Hypothesis would call it flaky.
+settings.register_profile("busd", deadline=None)
+settings.load_profile("busd")
 
 
 @pytest.fixture(autouse=True)

@@ -353,7 +353,9 @@ async def test_a_stop_while_the_disk_fails_says_what_was_lost_and_gives_no_seq_a
     assert said is not None, stderr.decode()
     count, first, last = map(int, said.groups())
     assert first > journaled_before
-    assert last == max(seen)  # everything handed out, up to the last seq given
+    # Everything handed out, up to the last seq given: the daemon's own events (its
+    # reports on the journal: failing, falling behind) may come after the watcher's last batch.
+    assert last >= max(seen)
     assert count == last - first + 1
 
     failing_disk.heal()
@@ -371,7 +373,7 @@ async def test_a_stop_while_the_disk_fails_says_what_was_lost_and_gives_no_seq_a
                         if any(type(e.event) is SessionIdle for e in batch.events):
                             break
     [idle] = [e for e in events if type(e.event) is SessionIdle]
-    assert idle.seq > max(seen)  # no seq is given twice
+    assert idle.seq > last  # no seq is given twice, not even one nobody journaled or saw
     assert gaps  # the loss, told in place
     assert gaps[-1][0] <= first
     assert gaps[-1][1] >= last
