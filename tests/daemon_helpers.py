@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -154,3 +156,28 @@ def load_module(path: Path, name: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def quiet_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port below the kernel's ephemeral range, where nothing takes it by chance.
+
+    A port the kernel picked (``bind`` to 0) goes back to the ephemeral range
+    once closed, where any process's next connection or port-0 listener may
+    take it, the other pytest workers' (``-n auto``) included: a server started
+    again on its old port would find it taken, and a URL meant to have nobody
+    behind it could find someone. Below the range, only a program that asks
+    for that very port gets it.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            low = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    for port in random.sample(range(max(1024, low - 8192), low), 64):
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port on {host} below {low}")

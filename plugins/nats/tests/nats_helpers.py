@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from busd import (
     PluginManager,
     Server,
 )
+from tests.daemon_helpers import quiet_port
 
 __all__ = [
     "INSTALL_HINT",
@@ -53,13 +53,6 @@ def find_nats_server() -> str | None:
     return shutil.which("nats-server", path=path)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class NatsServer:
     """One nats-server with JetStream on 127.0.0.1, a fixed port and store: restartable.
 
@@ -70,7 +63,7 @@ class NatsServer:
     def __init__(self, binary: str, workdir: Path, nursery: trio.Nursery) -> None:
         self.binary = binary
         self.store = workdir / "jetstream"
-        self.port = free_port()
+        self.port = quiet_port()  # the same port after a restart: none of the kernel's
         self.output = bytearray()
         self._nursery = nursery
         self._process: trio.Process | None = None

@@ -56,6 +56,7 @@ from busd.cli.attach import ClientSink
 from busd.daemon.embedded import serve_private
 from busd.daemon.hub import DaemonConfig
 from busd.wire import Sessions
+from tests.daemon_helpers import quiet_port
 
 E = TypeVar("E", bound=Event)
 BUSD = Path(sys.executable).parent / "busd"
@@ -79,7 +80,7 @@ def standin() -> Iterator[StandIn]:
 async def opencode(tmp_path: Path, standin: StandIn) -> AsyncIterator[OpenCodeServer]:
     """A started ``opencode serve`` of this test (function-scoped: each test its own)."""
     server = OpenCodeServer(tmp_path / "oc", standin.url)
-    await server.start()
+    await server.start(port=quiet_port())  # a test may start it again there
     try:
         yield server
     finally:
@@ -296,7 +297,7 @@ async def test_an_answer_cut_by_the_server_restarting_ends_there(tmp_path: Path)
     with SlowStandIn() as standin:
         server = OpenCodeServer(tmp_path / "oc", standin.url)
         try:
-            url = await server.start()
+            url = await server.start(port=quiet_port())  # started again there below
             sid = await new_session(url)
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
                 body = {"parts": [{"type": "text", "text": PROMPT}]}
@@ -434,15 +435,6 @@ class ListSink:
         self.noted.set()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.parametrize(
     ("url", "said"),
     [
@@ -460,7 +452,7 @@ async def test_a_bad_url_is_a_one_line_error(tmp_path: Path, url: str, said: str
 
 
 async def test_once_with_no_server_fails_saying_where_it_looked(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{quiet_port()}"
     with pytest.raises(OpenCodeAttachError) as raised:
         await OpenCodeAttacher().attach(
             ListSink(), AttachOptions(state_dir=tmp_path, url=url, once=True)
@@ -476,7 +468,7 @@ async def test_a_server_that_is_not_opencode_is_named(tmp_path: Path, standin: S
 
 
 async def test_following_waits_for_a_server_that_is_not_there_yet(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{quiet_port()}"
     sink = ListSink()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:

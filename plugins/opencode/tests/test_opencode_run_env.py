@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from busd_opencode._serve import PATH_ENV, ServerFailed
 from busd_opencode.driver import OpenCodeDriver
 
 from busd import RunRequest
+from tests.daemon_helpers import quiet_port
 
 
 class Context:
@@ -23,12 +23,6 @@ class Context:
 
     def feed(self, raw: object) -> list[Any]:
         raise AssertionError(f"nothing is fed: {raw!r}")
-
-
-def _closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 async def test_the_server_it_starts_has_the_runs_environment_and_cwd(
@@ -48,7 +42,7 @@ async def test_the_server_it_starts_has_the_runs_environment_and_cwd(
         "PATH": "/usr/bin:/bin",
         "WHO": "the-caller",
         "OUT": str(out),
-        "OPENCODE_BASE_URL": _closed_port(),
+        "OPENCODE_BASE_URL": f"http://127.0.0.1:{quiet_port()}",
         PATH_ENV: str(fake),
     }
     request = RunRequest(
