@@ -173,7 +173,8 @@ def quiet_port(host: str = "127.0.0.1") -> int:
             low = int(ports.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768  # Linux's default
-    for port in random.sample(range(max(1024, low - 8192), low), 64):
+    # Not the global generator: a test may have seeded it, and two workers would then agree.
+    for port in random.SystemRandom().sample(range(max(1024, low - 8192), low), 64):
         with socket.socket() as probe:
             try:
                 probe.bind((host, port))
