@@ -1,4 +1,4 @@
-"""Helpers for tests that run a real daemon on a real Unix socket."""
+"""Helpers for tests that run a real daemon on a real Unix socket, and the servers beside it."""
 
 from __future__ import annotations
 
