@@ -282,3 +282,35 @@ def test_a_chunk_of_streamed_text_is_estimated_once_for_all_its_trackers(
     accountant.settle()
     assert len(counted) == 3  # three chunks of 4 KB, each once
     assert all(n >= 4096 for n in counted)
+
+
+def test_a_big_frames_chunks_are_estimated_once_for_all_its_trackers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A publisher going flat out sends frames of hundreds of deltas: one settle then
+    estimates several chunks in each tracker in turn, and the estimator's memory of
+    recent chunks must still hold the first when the last tracker asks for it (it
+    forgot them all at once when full: a chunk in four was estimated twice)."""
+    counted: list[str] = []
+    fast = estimate._fast_estimate
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return fast(text)
+
+    monkeypatch.setattr(estimate, "_fast_estimate", counting)
+    estimate._recent.clear()
+    accountant = Accountant()
+    seq = 0
+    for frame in range(40):  # frames of 256 deltas of 100 characters: 25 KB a settle
+        envelopes: list[Envelope[Event]] = []
+        for n in range(256):
+            seq += 1
+            text = f"{frame:02d} {n:03d} " + "streamed words and code() " * 4
+            delta = TextDelta(message_id="m1", text=text[:100])
+            envelopes.append(Envelope(seq, 1.0, delta, "s1", "r1"))
+        accountant.observe_run(envelopes, 1.0)
+        accountant.settle(stretch=SETTLE_STRETCH)
+    accountant.settle()
+    assert len(counted) >= 40 * 256 * 100 // 4200  # about a chunk per 4 KB...
+    assert len(set(counted)) == len(counted)  # ...and each of them estimated once

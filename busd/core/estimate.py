@@ -38,6 +38,7 @@ UTF-8 (lone surrogates) take the regex itself.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import msgspec
@@ -104,8 +105,10 @@ _cached_masks: tuple[int, tuple[int, ...]] = (0, ())
 # Chunks estimated lately: the accountant's trackers estimate the same 4 KiB
 # chunk of a stream more than once (the session's and the run's lanes, the
 # context's message), each from its own join. Bounded in count and in size
-# (a whole message or a tool's output is not kept); a dict's operations are
-# atomic, so threads may share it.
+# (a whole message or a tool's output is not kept); the oldest goes first, since a
+# big frame's settle has each tracker estimate several chunks in turn, and the last
+# tracker asks for the first chunk after the first tracker's later ones. A dict's
+# operations are atomic, so threads may share it.
 _recent: dict[str, int] = {}
 _RECENT_MAX = 16
 _RECENT_CHARS = 16_384
@@ -120,7 +123,8 @@ def estimate_tokens(text: str) -> int:
     count = _recent.get(text)
     if count is None:
         if len(_recent) >= _RECENT_MAX:
-            _recent.clear()
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):  # another thread's
+                del _recent[next(iter(_recent))]
         count = _recent[text] = _fast_estimate(text)
     return count
 
