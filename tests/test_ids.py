@@ -122,3 +122,26 @@ def test_prepared_ids_are_the_ids_made_without_preparing(
     assert [_low(i) for i in made] == [
         (base + k) & ((1 << 74) - 1) for k in range(1, len(made) + 1)
     ]
+
+
+@given(
+    base=st.one_of(
+        st.integers(0, (1 << 74) - 1),
+        st.builds(  # some ids before a carry into the cached part, or the 74 bits' wrap
+            lambda m, k: ((m << 48) - k) % (1 << 74), st.integers(1, 1 << 26), st.integers(1, 600)
+        ),
+    ),
+    sizes=st.lists(st.integers(0, 700), min_size=1, max_size=6),
+)
+def test_a_big_frames_ids_are_what_as_many_calls_give(base: int, sizes: list[int]) -> None:
+    """A frame of hundreds of deltas takes its ids in one ``many``, past what was prepared
+    and across every 256th value (where the last group's upper digits change)."""
+    ms = 1_764_000_000_000
+
+    def clock() -> int:
+        return ms * 1_000_000
+
+    one, bulk = EventIds(base=base, clock=clock), EventIds(base=base, clock=clock)
+    for n in sizes:
+        assert bulk.many(n) == [one() for _ in range(n)]
+        ms += 1

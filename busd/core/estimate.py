@@ -123,7 +123,8 @@ def estimate_tokens(text: str) -> int:
     count = _recent.get(text)
     if count is None:
         if len(_recent) >= _RECENT_MAX:
-            with contextlib.suppress(KeyError, RuntimeError, StopIteration):  # another thread's
+            # The oldest; a thread may change the dict meanwhile, and then it stays.
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
                 del _recent[next(iter(_recent))]
         count = _recent[text] = _fast_estimate(text)
     return count

@@ -69,7 +69,8 @@ class EventIds:
         """``n`` ids in a row, as ``n`` calls would give them, for one clock read.
 
         Ids up to the next carry into the cached part share its prefix, so
-        each is one format of the last group, or none when it was prepared.
+        each is a join of a tail to the last group's upper digits (formatted
+        once per 256 values), or none when it was prepared.
         """
         ms = self._clock() // 1_000_000
         first = self._base + self._count + 1
@@ -83,15 +84,15 @@ class EventIds:
             out = list(map(self._prefix.__add__, ready[:n]))
             del ready[:n]
             return out
-        out = []
-        while n > 0:
+        out: list[str] = []
+        while n > 0:  # a format per 256 values (a carry comes at one of them), then joins
             low = first & _LOW
             if ms > self._ms or low >> 48 != self._high:
                 self._format_prefix(max(ms, self._ms), low)
             group = low & _LAST_GROUP
-            take = min(n, _LAST_GROUP - group + 1)  # up to the carry
-            prefix = self._prefix
-            out += [f"{prefix}{value:012x}" for value in range(group, group + take)]
+            tail = group & 0xFF
+            take = min(n, 256 - tail)
+            out += map(f"{self._prefix}{group >> 8:010x}".__add__, _HEX2[tail : tail + take])
             first += take
             n -= take
         return out
