@@ -84,7 +84,7 @@ class EventIds:
             out = list(map(self._prefix.__add__, ready[:n]))
             del ready[:n]
             return out
-        out: list[str] = []
+        out = []
         while n > 0:  # a format per 256 values (a carry comes at one of them), then joins
             low = first & _LOW
             if ms > self._ms or low >> 48 != self._high:
