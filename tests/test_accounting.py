@@ -224,6 +224,81 @@ def test_deferred_deltas_give_the_figures_of_one_by_one_feeding(
     assert accountant.stats.session_stats("s1", now) == stats.session_stats("s1", now)
 
 
+@settings(max_examples=300, deadline=None)
+@given(_STEPS, st.integers(1, 40))
+@example(  # one run of two messages, the first again after the second
+    [
+        (TextDelta(message_id="m1", text="ab"), "s1", None, "r1", 0.1, 2, False),
+        (TextDelta(message_id="m2", text="1 a"), "s1", None, "r1", 0.1, 1, False),
+        (TextDelta(message_id="m1", text="b"), "s1", None, "r1", 0.1, 1, False),
+        (TextComplete(message_id="m2", text="1 a"), "s1", None, "r1", 0.1, 1, True),
+    ],
+    40,
+)
+@example(  # thinking of two messages in one run: the timer stops at the second
+    [
+        (ThinkingDelta(message_id="t1", text="ab"), "s1", None, None, 0.1, 1, False),
+        (ThinkingDelta(message_id="t2", text="ab"), "s1", None, None, 0.2, 1, False),
+        (TurnEnd(), "s1", None, None, 0.3, 1, True),
+    ],
+    1,
+)
+def test_runs_of_deltas_give_the_figures_of_one_by_one_feeding(
+    steps: list[tuple[Event, str | None, str | None, str | None, float, int, bool]],
+    stretch: int,
+) -> None:
+    """As the daemon feeds it: consecutive deltas of one type from one place as one run
+    (a publish frame's, seen at one time; its messages may change within it), settled
+    in stretches; the registries fed one by one are the reference."""
+    accountant = Accountant()
+    stats, context = StatsRegistry(), ContextRegistry()
+    now = 0.0
+    seq = 0
+    run: list[Envelope[Event]] = []
+
+    def publish_run() -> None:
+        if run:
+            accountant.observe_run(list(run), run[0].ts)
+            accountant.settle(stretch=stretch)
+            run.clear()
+
+    for event, session, agent, run_id, elapsed, repeat, read in steps:
+        delta = type(event) in (TextDelta, ThinkingDelta)
+        place = (type(event), session, agent, run_id)
+        if run and (not delta or place != (type(run[0].event), *_place(run[0]))):
+            publish_run()
+        now += elapsed
+        at = run[0].ts if run else now  # a run's deltas are seen at once
+        for _ in range(repeat):
+            seq += 1
+            envelope = Envelope(seq, at, event, session_id=session, agent_id=agent, run_id=run_id)
+            stats.observe(envelope, at)
+            if session is not None:
+                context.observe(envelope)
+                if type(event) is TurnEnd or (type(event) is SessionIdle and agent is None):
+                    stats.session_stats(session, at)  # as the accountant publishes them
+            if delta:
+                run.append(envelope)
+            else:
+                accountant.observe(envelope, at)
+        if read:
+            publish_run()
+            for sid in ("s1", "s2"):
+                assert accountant.session_stats(sid, at) == stats.session_stats(sid, at)
+                for aid in (None, "sub"):
+                    window = accountant.context.get(sid, aid)
+                    expected = context.get(sid, aid)
+                    assert (window and window.snapshot()) == (expected and expected.snapshot())
+            assert accountant.stats.run_stats("r1", at) == stats.run_stats("r1", at)
+    publish_run()
+    assert accountant.stats.session_stats("s1", now) == stats.session_stats("s1", now)
+    assert accountant.stats.run_stats("r1", now) == stats.run_stats("r1", now)
+
+
+def _place(envelope: Envelope[Event]) -> tuple[str | None, str | None, str | None]:
+    return envelope.session_id, envelope.agent_id, envelope.run_id
+
+
 def test_deltas_wait_for_a_settle_a_read_or_another_event() -> None:
     accountant = Accountant()
     for seq in range(1, 4):

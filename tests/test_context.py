@@ -515,15 +515,15 @@ def test_a_run_of_deltas_at_once_is_each_delta_in_turn(
     """The run's text is the partial answer of a cancelled call, as one by one; thinking is not."""
     one, many = ContextRegistry(window=1_000), ContextRegistry(window=1_000)
     make = ThinkingDelta if thinking else TextDelta
-    items = [(env(make(message_id="m1", text=t)), 0.0) for t in texts]
+    envelopes = [env(make(message_id="m1", text=t)) for t in texts]
     for registry in (one, many):
         registry.window("s1").observe(env(TurnStart()))
         if usage_first:  # the call's usage came before its text: that text is counted
             registry.window("s1").observe(env(Usage(tokens=call(100, 5))))
         registry.window("s1").observe(env(TextDelta(message_id="m1", text="x")))
-    for envelope, _ in items:
+    for envelope in envelopes:
         one.window("s1").observe(envelope)
-    many.observe_many(items)
+    many.observe_many(envelopes)
     assert many.window("s1")._pending == one.window("s1")._pending
     for registry in (one, many):
         registry.window("s1").observe(env(TurnEnd(finish_reason="cancelled")))

@@ -444,10 +444,10 @@ def test_a_run_of_deltas_at_once_is_each_delta_in_turn(
     one, many = StreamingStatsTracker(), StreamingStatsTracker()
     for tracker in (one, many):
         tracker.observe(delta("a" * already), now=0.0)  # pending text before the run
-    items = [(delta(_PROSE[i : i + n]), 1.0) for i, n in enumerate(lengths)]
-    for envelope, now in items:
-        one.observe(envelope, now)
-    many.observe_many(items)
+    envelopes = [delta(_PROSE[i : i + n]) for i, n in enumerate(lengths)]
+    for envelope in envelopes:
+        one.observe(envelope, 1.0)
+    many.observe_many(envelopes, 1.0)
     lanes = [next(iter(t._lanes.values())) for t in (one, many)]
     assert lanes[1].pending == lanes[0].pending  # before statistics(), which flushes
     assert lanes[1].pending_chars == lanes[0].pending_chars

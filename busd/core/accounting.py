@@ -72,12 +72,8 @@ SETTLE_STRETCH: Final = 32
 """Deltas a publisher's :meth:`Accountant.settle` lets wait: a stretch of bursts shares
 the cost of accounting a run (docs/performance.md, "A shorter path in Python")."""
 _STALE = operator.attrgetter("stale")
-_ENVELOPE_OF = operator.itemgetter(0)  # of an (envelope, time) pair
-# What a run of deferred deltas shares: type, message, session, agent and run.
-_RUN_KEY = operator.attrgetter(
-    "event.__class__", "event.message_id", "session_id", "agent_id", "run_id"
-)
-_PLACE = operator.attrgetter("session_id", "run_id")
+_MESSAGE_OF = operator.attrgetter("event.message_id")  # of a delta's envelope
+_TEXT_OF = operator.attrgetter("event.text")  # of a delta's envelope
 
 # Per event class: is it the accountant's own kind of output (``busd.*`` but
 # not ``busd.run.*``)? Asked for every event, so answered once per class.
@@ -131,10 +127,11 @@ class Accountant:
         self._last_stats: dict[str, StreamingStats] = {}
         self._last_context: dict[tuple[str, str | None], ContextUsage] = {}
         self._next_tick: float | None = None
-        # Deltas seen but not yet fed to the stats and context registries, each
-        # with its time: fed in runs (see _account_deltas) before anything reads
-        # them or any other event is observed.
-        self._deferred: list[tuple[Envelope[Event], float]] = []
+        # Deltas seen but not yet fed to the stats and context registries: runs
+        # of one type from one place, each with its time, fed in runs (see
+        # _account_deltas) before anything reads them or any other event is observed.
+        self._deferred: list[tuple[list[Envelope[Event]], float]] = []
+        self._deferred_count = 0
 
     @property
     def stats(self) -> StatsRegistry:
@@ -209,24 +206,28 @@ class Accountant:
         return out
 
     def observe_run(self, envelopes: list[Envelope[Event]], now: float) -> list[Derived]:
-        """:meth:`observe` each of a run of one type (a publish frame's deltas), at ``now``.
+        """:meth:`observe` each of a run of one type from one place, at ``now``.
 
-        Deltas that are not stale are only noted, as :meth:`observe` would,
-        without a call each; anything else goes through :meth:`observe`.
+        A run as :meth:`Bus.publish_stretch <busd.core.bus.Bus.publish_stretch>`
+        dispatches it: a publish frame's deltas, with one session, agent and
+        run. Deltas that are not stale are only noted, as :meth:`observe` would,
+        without a call each (the list is kept: it must not change); anything
+        else goes through :meth:`observe`.
         """
-        cls = type(envelopes[0].event)
+        first = envelopes[0]
+        cls = type(first.event)
         if (cls is not TextDelta and cls is not ThinkingDelta) or any(map(_STALE, envelopes)):
             out: list[Derived] = []
             for envelope in envelopes:
                 out += self.observe(envelope, now)
             return out
-        deferred = self._deferred
-        deferred.extend(zip(envelopes, itertools.repeat(now)))
-        if len(deferred) >= _MAX_DEFERRED:
+        self._deferred.append((envelopes, now))
+        self._deferred_count += len(envelopes)
+        if self._deferred_count >= _MAX_DEFERRED:
             self._account_deltas()
-        for session_id, run_id in dict.fromkeys(map(_PLACE, envelopes)):  # each place once
-            if session_id is not None:
-                self._busy_at(session_id, run_id, now)
+        session_id = first.session_id
+        if session_id is not None:
+            self._busy_at(session_id, first.run_id, now)
         return []
 
     def _busy_at(self, session_id: str, run_id: str | None, now: float) -> None:
@@ -239,7 +240,7 @@ class Accountant:
     @property
     def deferred_deltas(self) -> int:
         """Deltas noted but not yet fed to the registries (see :meth:`settle`)."""
-        return len(self._deferred)
+        return self._deferred_count
 
     def settle(self, *, stretch: int = 1) -> None:
         """Account the deltas noted so far, now, if at least ``stretch`` of them wait.
@@ -251,7 +252,7 @@ class Accountant:
         reads the figures (:attr:`stats`, :attr:`context`, :meth:`tick`)
         settles all of them first.
         """
-        if len(self._deferred) >= stretch:
+        if self._deferred_count >= stretch and self._deferred:
             self._account_deltas()
 
     def _observe_delta(self, envelope: Envelope[Event], now: float) -> list[Derived]:
@@ -260,9 +261,9 @@ class Accountant:
         The hot path. Only the busy bookkeeping (which decides the next tick)
         happens now.
         """
-        deferred = self._deferred
-        deferred.append((envelope, now))
-        if len(deferred) >= _MAX_DEFERRED:
+        self._deferred.append(([envelope], now))
+        self._deferred_count += 1
+        if self._deferred_count >= _MAX_DEFERRED:
             self._account_deltas()
         session_id = envelope.session_id
         if session_id is not None:
@@ -274,18 +275,39 @@ class Accountant:
 
         A run is consecutive deltas of one type, message, session, agent and
         run: after its first, each of them only adds text, so the registries
-        take it in one call (see ``observe_many``). The result is what feeding
-        them one by one would give.
+        take it in one call (see ``observe_many``), and its texts are taken
+        once for all of them. The result is what feeding them one by one
+        would give.
         """
         deferred, self._deferred = self._deferred, []
-        stats, context = self._stats, self._context
-        start = 0
-        for _, same in itertools.groupby(map(_RUN_KEY, map(_ENVELOPE_OF, deferred))):
-            end = start + len(list(same))
-            run = deferred[start:end] if start or end < len(deferred) else deferred
-            stats.observe_many(run)
-            context.observe_many(run)
-            start = end
+        self._deferred_count = 0
+        pieces: list[list[Envelope[Event]]] = []  # of the run being gathered
+        key: tuple[object, ...] = ()
+        since = 0.0  # when the run's first delta was seen
+        for envelopes, now in deferred:  # each of one type from one place
+            first = envelopes[0]
+            kind, place = type(first.event), (first.session_id, first.agent_id, first.run_id)
+            at = 0
+            for message_id, same in itertools.groupby(map(_MESSAGE_OF, envelopes)):
+                count = len(list(same))
+                piece = envelopes if count == len(envelopes) else envelopes[at : at + count]
+                at += count
+                run_key = (kind, message_id, place)
+                if run_key == key:
+                    pieces.append(piece)
+                    continue
+                if pieces:
+                    self._feed(pieces, since)
+                pieces, key, since = [piece], run_key, now
+        if pieces:
+            self._feed(pieces, since)
+
+    def _feed(self, pieces: list[list[Envelope[Event]]], now: float) -> None:
+        """One run of deltas, in pieces, to the stats and context registries."""
+        run = pieces[0] if len(pieces) == 1 else list(itertools.chain.from_iterable(pieces))
+        texts: list[str] = list(map(_TEXT_OF, run))
+        self._stats.observe_many(run, now, texts)
+        self._context.observe_many(run, texts)
 
     def tick(self, now: float) -> list[Derived]:
         """What is due at ``now``: stats of busy sessions, tool timeouts."""

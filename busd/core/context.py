@@ -66,7 +66,6 @@ __all__ = [
     "ContextWindow",
 ]
 
-_ENVELOPE_OF = operator.itemgetter(0)  # of an (envelope, time) pair
 _TEXT_OF = operator.attrgetter("event.text")  # of a text delta's envelope
 
 
@@ -488,7 +487,7 @@ class ContextWindow:
             if event.tools is not None:
                 self.set_tools(max(0, event.tools))
 
-    def observe_texts(self, message_id: str, texts: list[str]) -> None:
+    def observe_texts(self, message_id: str, texts: Iterable[str]) -> None:
         """:meth:`observe` of a ``stream.text.delta`` of ``message_id`` for each of ``texts``."""
         if self._turn_usage:
             return
@@ -663,18 +662,25 @@ class ContextRegistry:
             if found is not None:
                 context.set_window(found.window, reserve=found.reserve)
 
-    def observe_many(self, items: Sequence[tuple[Envelope[Event], float]]) -> None:
-        """:meth:`observe` each of ``items``: deltas of one type, message and conversation."""
-        first = items[0][0]
+    def observe_many(
+        self, envelopes: Sequence[Envelope[Event]], texts: Sequence[str] | None = None
+    ) -> None:
+        """:meth:`observe` each of ``envelopes``: deltas of one type, message and conversation.
+
+        ``texts``: their texts, when the caller has them already (the accountant
+        hands the stats registry the same list).
+        """
+        first = envelopes[0]
         if first.session_id is None:
             return
         context = self.window(first.session_id, first.agent_id)
         event = first.event
         if type(event) is TextDelta:
-            texts: list[str] = list(map(_TEXT_OF, map(_ENVELOPE_OF, items)))
+            if texts is None:
+                texts = list(map(_TEXT_OF, envelopes))
             context.observe_texts(event.message_id, texts)
         elif type(event) is not ThinkingDelta:  # thinking is not input of the next call
-            for envelope, _ in items:
+            for envelope in envelopes:
                 context.observe(envelope)
 
     def discard(self, session_id: str, agent_id: str | None = None) -> None:

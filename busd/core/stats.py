@@ -34,7 +34,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -116,7 +116,6 @@ _WORK: Final[frozenset[type[Event]]] = frozenset(
 
 _MAX_STREAMED: Final = 256  # open messages remembered per lane
 _FLUSH_CHARS: Final = 4096  # estimate pending delta text at least this often
-_ENVELOPE_OF = operator.itemgetter(0)  # of an (envelope, time) pair
 _TEXT_OF = operator.attrgetter("event.text")  # of a delta's envelope
 
 
@@ -344,20 +343,31 @@ class StreamingStatsTracker:
             ):
                 self.stop(now)
 
-    def observe_many(self, items: Sequence[tuple[Envelope[Event], float]]) -> None:
-        """:meth:`observe` each of ``items``: deltas of one type, message, session and agent.
+    def observe_many(
+        self,
+        envelopes: Sequence[Envelope[Event]],
+        now: float,
+        texts: Sequence[str] | None = None,
+    ) -> None:
+        """:meth:`observe` each of ``envelopes``: deltas of one type, message, session and agent.
 
         After the first, such deltas only add text (the first one set the
-        lane, the clock and the thinking timer), so they skip the dispatch.
+        lane, the clock and the thinking timer), so they skip the dispatch,
+        and only the first one's time ``now`` counts. ``texts``: their texts,
+        when the caller has them already.
         """
-        envelope, now = items[0]
+        envelope = envelopes[0]
         self.observe(envelope, now)
-        if len(items) == 1:
+        if len(envelopes) == 1:
             return
+        if texts is None:
+            texts = list(map(_TEXT_OF, envelopes))
         key: LaneKey = (envelope.session_id, envelope.agent_id)
-        texts: list[str] = list(map(_TEXT_OF, map(_ENVELOPE_OF, itertools.islice(items, 1, None))))
         self._streamed_many(
-            key, self._lanes[key], cast(TextDelta, envelope.event).message_id, texts
+            key,
+            self._lanes[key],
+            cast(TextDelta, envelope.event).message_id,
+            itertools.islice(texts, 1, None),
         )
 
     def _new_lane(self, key: LaneKey) -> _Lane:
@@ -392,7 +402,9 @@ class StreamingStatsTracker:
         if lane.pending_chars >= _FLUSH_CHARS:
             self._flush(key, lane)
 
-    def _streamed_many(self, key: LaneKey, lane: _Lane, message_id: str, texts: list[str]) -> None:
+    def _streamed_many(
+        self, key: LaneKey, lane: _Lane, message_id: str, texts: Iterable[str]
+    ) -> None:
         """:meth:`_streamed` of each text in turn, flushing where it would: one call per chunk."""
         texts = list(filter(None, texts))
         if not texts:
@@ -544,16 +556,24 @@ class StatsRegistry:
         if session_id is not None:
             self._session_tracker(session_id).observe(envelope, now)
 
-    def observe_many(self, items: Sequence[tuple[Envelope[Event], float]]) -> None:
-        """:meth:`observe` each of ``items``: deltas of one type, message, lane and run."""
-        self._observed += len(items)
-        first = items[0][0]
+    def observe_many(
+        self,
+        envelopes: Sequence[Envelope[Event]],
+        now: float,
+        texts: Sequence[str] | None = None,
+    ) -> None:
+        """:meth:`observe` each of ``envelopes``: deltas of one type, message, lane and run,
+        the first seen at ``now``; ``texts``, their texts, taken once for both trackers."""
+        self._observed += len(envelopes)
+        first = envelopes[0]
+        if texts is None and len(envelopes) > 1:
+            texts = list(map(_TEXT_OF, envelopes))
         run_id = first.run_id
         if run_id is not None:
-            self._run_tracker(run_id).observe_many(items)
+            self._run_tracker(run_id).observe_many(envelopes, now, texts)
         session_id = first.session_id
         if session_id is not None:
-            self._session_tracker(session_id).observe_many(items)
+            self._session_tracker(session_id).observe_many(envelopes, now, texts)
 
     def session(self, session_id: str) -> StreamingStatsTracker | None:
         return self._sessions.get(session_id)
