@@ -48,13 +48,14 @@ def make_envelopes(count: int) -> list[Envelope[Event]]:
     return out
 
 
-def feed(envelopes: list[Envelope[Event]], per_frame: int) -> None:
+def feed(envelopes: list[Envelope[Event]], per_frame: int) -> Accountant:
     """Every delta through a new accountant, a frame at a time, settled as the daemon does."""
     accountant = Accountant()
     for start in range(0, len(envelopes), per_frame):
         accountant.observe_run(envelopes[start : start + per_frame], 1.0)
         accountant.settle(stretch=SETTLE_STRETCH)
     accountant.settle()
+    return accountant
 
 
 def chars_over_4(text: str) -> int:
