@@ -156,7 +156,8 @@ async def test_the_service_unsubscribes_when_cancelled() -> None:
 _TEXT = st.text(alphabet="ab 1😀\n", max_size=6)  # pieces that differ when cut or repeated
 _EVENTS = st.one_of(
     st.builds(TextDelta, message_id=st.sampled_from(["m1", "m2"]), text=_TEXT),
-    st.builds(ThinkingDelta, message_id=st.sampled_from(["t1", "t2"]), text=_TEXT),
+    # Thinking and text of one message may share its id (Anthropic's blocks do).
+    st.builds(ThinkingDelta, message_id=st.sampled_from(["t1", "t2", "m1"]), text=_TEXT),
     st.builds(TextComplete, message_id=st.sampled_from(["m1", "m2"]), text=_TEXT),
     st.builds(ThinkingComplete, message_id=st.sampled_from(["t1", "t2"]), text=st.just("x")),
     st.builds(Usage, tokens=st.builds(TokenUsage, output_tokens=st.integers(0, 50))),
@@ -191,6 +192,13 @@ _STEPS = st.lists(
         (TextDelta(message_id="m1", text="ab"), "s1", None, None, 0.1, 1, False),
         (TextDelta(message_id="m2", text="ab 1"), "s1", None, None, 0.1, 1, False),
         (TextComplete(message_id="m2", text="ab 1"), "s1", None, None, 0.1, 1, True),
+    ]
+)
+@example(  # thinking, then the answer, of one message: two runs, not one
+    [
+        (ThinkingDelta(message_id="m1", text="ab"), "s1", None, None, 0.1, 2, False),
+        (TextDelta(message_id="m1", text="cd 1"), "s1", None, None, 0.1, 2, False),
+        (TurnEnd(finish_reason="cancelled"), "s1", None, None, 0.1, 1, True),
     ]
 )
 def test_deferred_deltas_give_the_figures_of_one_by_one_feeding(

@@ -86,6 +86,16 @@ def _is_derived(cls: type[Event], event: Event) -> bool:
     return derived
 
 
+def _one_place(a: Envelope[Event], b: Envelope[Event]) -> bool:
+    """Whether two deltas are of one type from one place (may share a run)."""
+    return (
+        type(a.event) is type(b.event)
+        and a.session_id == b.session_id
+        and a.agent_id == b.agent_id
+        and a.run_id == b.run_id
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Derived:
     """A derived event and the envelope fields it is published with."""
@@ -132,6 +142,7 @@ class Accountant:
         # _account_deltas) before anything reads them or any other event is observed.
         self._deferred: list[tuple[list[Envelope[Event]], float]] = []
         self._deferred_count = 0
+        self._gathering: list[Envelope[Event]] | None = None  # the last run, if it is ours
 
     @property
     def stats(self) -> StatsRegistry:
@@ -222,6 +233,7 @@ class Accountant:
                 out += self.observe(envelope, now)
             return out
         self._deferred.append((envelopes, now))
+        self._gathering = None  # the bus's list: never added to
         self._deferred_count += len(envelopes)
         if self._deferred_count >= _MAX_DEFERRED:
             self._account_deltas()
@@ -261,7 +273,12 @@ class Accountant:
         The hot path. Only the busy bookkeeping (which decides the next tick)
         happens now.
         """
-        self._deferred.append(([envelope], now))
+        last = self._gathering
+        if last is not None and _one_place(last[-1], envelope):
+            last.append(envelope)  # a delta published alone joins the one before it
+        else:
+            self._gathering = last = [envelope]
+            self._deferred.append((last, now))
         self._deferred_count += 1
         if self._deferred_count >= _MAX_DEFERRED:
             self._account_deltas()
@@ -281,6 +298,7 @@ class Accountant:
         """
         deferred, self._deferred = self._deferred, []
         self._deferred_count = 0
+        self._gathering = None
         pieces: list[list[Envelope[Event]]] = []  # of the run being gathered
         key: tuple[object, ...] = ()
         since = 0.0  # when the run's first delta was seen
