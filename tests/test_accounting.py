@@ -397,3 +397,41 @@ def test_a_big_frames_chunks_are_estimated_once_for_all_its_trackers(
     accountant.settle()
     assert len(counted) >= 40 * 256 * 100 // 4200  # about a chunk per 4 KB...
     assert len(set(counted)) == len(counted)  # ...and each of them estimated once
+
+
+def test_a_long_wait_s_chunks_are_estimated_once_for_all_its_trackers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deltas published one at a time (an adapter in the daemon) wait until the accountant
+    holds 1,024 or is read: 100 KB at once, more chunks than the estimator remembers, and
+    each tracker took all of its chunks before the next asked for the first."""
+    counted: list[str] = []
+    fast = estimate._fast_estimate
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return fast(text)
+
+    monkeypatch.setattr(estimate, "_fast_estimate", counting)
+    estimate._recent.clear()
+    envelopes: list[Envelope[Event]] = []
+    for seq in range(1, 3 * 1024 + 1):
+        text = f"{seq:05d} " + "streamed words and code() " * 4
+        envelopes.append(Envelope(seq, 1.0, TextDelta("m1", text[:100]), "s1", "r1"))
+    accountant = Accountant()
+    for envelope in envelopes:
+        accountant.observe(envelope, 1.0)
+    accountant.settle()
+    assert len(counted) >= 3 * 1024 * 100 // 4200
+    assert len(set(counted)) == len(counted)
+    stats, context = StatsRegistry(), ContextRegistry()  # fed one by one: the same figures
+    for envelope in envelopes:
+        stats.observe(envelope, 1.0)
+        context.observe(envelope)
+    assert accountant.session_stats("s1", 2.0) == stats.session_stats("s1", 2.0)
+    assert accountant.stats.run_stats("r1", 2.0) == stats.run_stats("r1", 2.0)
+    mine, theirs = accountant.context.get("s1"), context.get("s1")
+    assert mine is not None
+    assert theirs is not None
+    assert mine._pending == theirs._pending  # the streamed text, kept and estimated alike
+    assert mine.snapshot() == theirs.snapshot()

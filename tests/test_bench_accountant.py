@@ -25,7 +25,7 @@ def test_its_frames_leave_the_figures_of_one_by_one_feeding() -> None:
     expected = reference.session_stats("s1", 2.0)
     assert expected is not None
     assert expected.output_tokens > 2_000
-    for per_frame in (5, 256):
+    for per_frame in (5, 256, 0):
         accountant = feed(envelopes, per_frame)
         assert accountant.session_stats("s1", 2.0) == expected
         assert accountant.stats.run_stats("r1", 2.0) == reference.stats.run_stats("r1", 2.0)

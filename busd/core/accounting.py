@@ -22,6 +22,7 @@ handler plus a loop that sleeps until the next tick or tool deadline.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 from collections.abc import Callable, Mapping
@@ -68,6 +69,7 @@ _QUIET = (SessionIdle, RunFinished)
 _TOOL_INPUT = frozenset({ToolStart, ToolComplete, RunFinished, SessionIdle})
 
 _MAX_DEFERRED: Final = 1024  # deltas held before they are accounted in one go
+_SLICE_CHARS: Final = 32_768  # text fed to each registry in turn: 8 chunks of the estimator's 16
 SETTLE_STRETCH: Final = 32
 """Deltas a publisher's :meth:`Accountant.settle` lets wait: a stretch of bursts shares
 the cost of accounting a run (docs/performance.md, "A shorter path in Python")."""
@@ -86,10 +88,12 @@ def _is_derived(cls: type[Event], event: Event) -> bool:
     return derived
 
 
-def _one_place(a: Envelope[Event], b: Envelope[Event]) -> bool:
-    """Whether two deltas are of one type from one place (may share a run)."""
+def _one_run(a: Envelope[Event], b: Envelope[Event]) -> bool:
+    """Whether two deltas are of one type, message and place: only the first one's time
+    counts (a second message's would start its own thinking timer)."""
     return (
         type(a.event) is type(b.event)
+        and _MESSAGE_OF(a) == _MESSAGE_OF(b)
         and a.session_id == b.session_id
         and a.agent_id == b.agent_id
         and a.run_id == b.run_id
@@ -274,7 +278,7 @@ class Accountant:
         happens now.
         """
         last = self._gathering
-        if last is not None and _one_place(last[-1], envelope):
+        if last is not None and _one_run(last[-1], envelope):
             last.append(envelope)  # a delta published alone joins the one before it
         else:
             self._gathering = last = [envelope]
@@ -321,11 +325,26 @@ class Accountant:
             self._feed(pieces, since)
 
     def _feed(self, pieces: list[list[Envelope[Event]]], now: float) -> None:
-        """One run of deltas, in pieces, to the stats and context registries."""
+        """One run of deltas, in pieces, to the stats and context registries.
+
+        A long run goes to them a slice at a time, so that the chunks the
+        first tracker estimates are still in the estimator's memory when the
+        others ask (after the first, a delta's time does not count).
+        """
         run = pieces[0] if len(pieces) == 1 else list(itertools.chain.from_iterable(pieces))
         texts: list[str] = list(map(_TEXT_OF, run))
-        self._stats.observe_many(run, now, texts)
-        self._context.observe_many(run, texts)
+        stats, context = self._stats, self._context
+        if len(texts) < 2 or sum(map(len, texts)) <= _SLICE_CHARS:
+            stats.observe_many(run, now, texts)
+            context.observe_many(run, texts)
+            return
+        ends = list(itertools.accumulate(map(len, texts), initial=0))
+        start = 0
+        while start < len(run):
+            stop = bisect.bisect_right(ends, ends[start] + _SLICE_CHARS, start + 2) - 1
+            stats.observe_many(run[start:stop], now, texts[start:stop])
+            context.observe_many(run[start:stop], texts[start:stop])
+            start = stop
 
     def tick(self, now: float) -> list[Derived]:
         """What is due at ``now``: stats of busy sessions, tool timeouts."""

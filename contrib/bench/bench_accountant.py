@@ -10,7 +10,8 @@ fan-out benchmark's), in frames of 256 (a publisher flat out) and of 5 (the
 steady 5,000 events/s), and each figure is the best of ``--repeat`` rounds,
 in microseconds a delta:
 
-- the accountant as it is;
+- the accountant as it is (also fed one delta at a time, as an adapter
+  in the daemon publishes them);
 - the same with the token estimator replaced by ``len(text) // 4``: what
   the accounting costs besides the estimate (a peer in the same run);
 - the estimator alone over the same text, in 4 KiB chunks (the chunks the
@@ -49,8 +50,15 @@ def make_envelopes(count: int) -> list[Envelope[Event]]:
 
 
 def feed(envelopes: list[Envelope[Event]], per_frame: int) -> Accountant:
-    """Every delta through a new accountant, a frame at a time, settled as the daemon does."""
+    """Every delta through a new accountant, a frame at a time, settled as the daemon does;
+    ``per_frame`` 0: one at a time, as an adapter in the daemon publishes them (settled
+    when the accountant holds 1,024, or is read)."""
     accountant = Accountant()
+    if not per_frame:
+        for envelope in envelopes:
+            accountant.observe(envelope, 1.0)
+        accountant.settle()
+        return accountant
     for start in range(0, len(envelopes), per_frame):
         accountant.observe_run(envelopes[start : start + per_frame], 1.0)
         accountant.settle(stretch=SETTLE_STRETCH)
@@ -103,14 +111,14 @@ def main() -> None:
         f"{args.deltas:,} deltas of {TEXT_LENGTH} characters, best of {args.repeat}; "
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs\n"
     )
-    print("| µs a delta | frames of 256 | frames of 5 |")
-    print("| --- | ---: | ---: |")
+    print("| µs a delta | frames of 256 | frames of 5 | one at a time |")
+    print("| --- | ---: | ---: | ---: |")
     rows: dict[str, list[float]] = {
         "the accountant": [],
         "its estimator left out": [],
         "the estimator alone, 4 KiB chunks": [],
     }
-    for per_frame in (256, 5):
+    for per_frame in (256, 5, 0):
         best = dict.fromkeys(rows, float("inf"))
         for _ in range(args.repeat):  # interleaved: the machine's moods fall on each alike
             best["the accountant"] = min(best["the accountant"], timed(feed, envelopes, per_frame))
@@ -126,8 +134,8 @@ def main() -> None:
             )
         for name, seconds in best.items():
             rows[name].append(seconds / args.deltas * 1e6)
-    for name, (flat, steady) in rows.items():
-        print(f"| {name} | {flat:.2f} | {steady:.2f} |")
+    for name, figures in rows.items():
+        print(f"| {name} | " + " | ".join(f"{us:.2f}" for us in figures) + " |")
     rounds = min(2_000, args.deltas // SETTLE_STRETCH)
     print(
         f"\nA stretch of {SETTLE_STRETCH} deltas settled with cold caches (16 MiB swept "
