@@ -222,14 +222,21 @@ def test_deferred_deltas_give_the_figures_of_one_by_one_feeding(
                     # estimates its pending text: so does the reference.
                     stats.session_stats(session, now)
         if read:
-            for sid in ("s1", "s2"):
-                assert accountant.session_stats(sid, now) == stats.session_stats(sid, now)
-                for aid in (None, "sub"):
-                    window = accountant.context.get(sid, aid)
-                    expected = context.get(sid, aid)
-                    assert (window and window.snapshot()) == (expected and expected.snapshot())
-            assert accountant.stats.run_stats("r1", now) == stats.run_stats("r1", now)
+            _assert_the_same_figures(accountant, stats, context, now)
     assert accountant.stats.session_stats("s1", now) == stats.session_stats("s1", now)
+
+
+def _assert_the_same_figures(
+    accountant: Accountant, stats: StatsRegistry, context: ContextRegistry, now: float
+) -> None:
+    """The accountant's figures at ``now`` are the reference's, fed one by one."""
+    for sid in ("s1", "s2"):
+        assert accountant.session_stats(sid, now) == stats.session_stats(sid, now)
+        for aid in (None, "sub"):
+            window = accountant.context.get(sid, aid)
+            expected = context.get(sid, aid)
+            assert (window and window.snapshot()) == (expected and expected.snapshot())
+    assert accountant.stats.run_stats("r1", now) == stats.run_stats("r1", now)
 
 
 @settings(max_examples=300, deadline=None)
@@ -291,16 +298,9 @@ def test_runs_of_deltas_give_the_figures_of_one_by_one_feeding(
                 accountant.observe(envelope, at)
         if read:
             publish_run()
-            for sid in ("s1", "s2"):
-                assert accountant.session_stats(sid, at) == stats.session_stats(sid, at)
-                for aid in (None, "sub"):
-                    window = accountant.context.get(sid, aid)
-                    expected = context.get(sid, aid)
-                    assert (window and window.snapshot()) == (expected and expected.snapshot())
-            assert accountant.stats.run_stats("r1", at) == stats.run_stats("r1", at)
+            _assert_the_same_figures(accountant, stats, context, at)
     publish_run()
-    assert accountant.stats.session_stats("s1", now) == stats.session_stats("s1", now)
-    assert accountant.stats.run_stats("r1", now) == stats.run_stats("r1", now)
+    _assert_the_same_figures(accountant, stats, context, now)
 
 
 def _place(envelope: Envelope[Event]) -> tuple[str | None, str | None, str | None]:
@@ -336,21 +336,27 @@ def test_a_settle_with_a_stretch_leaves_fewer_deltas_waiting_and_reads_never_wai
     assert accountant.deferred_deltas == 0  # a stretch: accounted at once
 
 
-def test_a_chunk_of_streamed_text_is_estimated_once_for_all_its_trackers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The session's and the run's stats and the context's message each estimate a
-    message's text in the same 4 KB chunks: the estimator does each chunk's work once
-    (it was a third of an accounting stretch's CPU, three times over)."""
-    counted: list[int] = []
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts the estimator counts from now on (its memory of recent chunks emptied)."""
+    texts: list[str] = []
     fast = estimate._fast_estimate
 
     def counting(text: str) -> int:
-        counted.append(len(text))
+        texts.append(text)
         return fast(text)
 
     monkeypatch.setattr(estimate, "_fast_estimate", counting)
     estimate._recent.clear()
+    return texts
+
+
+def test_a_chunk_of_streamed_text_is_estimated_once_for_all_its_trackers(
+    counted: list[str],
+) -> None:
+    """The session's and the run's stats and the context's message each estimate a
+    message's text in the same 4 KB chunks: the estimator does each chunk's work once
+    (it was a third of an accounting stretch's CPU, three times over)."""
     accountant = Accountant()
     prose = "Streamed words, numbers 12345 and code() {\n  return x;\n}\n" * 400
     seq = 0
@@ -364,25 +370,16 @@ def test_a_chunk_of_streamed_text_is_estimated_once_for_all_its_trackers(
         accountant.settle(stretch=SETTLE_STRETCH)
     accountant.settle()
     assert len(counted) == 3  # three chunks of 4 KB, each once
-    assert all(n >= 4096 for n in counted)
+    assert all(len(text) >= 4096 for text in counted)
 
 
 def test_a_big_frames_chunks_are_estimated_once_for_all_its_trackers(
-    monkeypatch: pytest.MonkeyPatch,
+    counted: list[str],
 ) -> None:
     """A publisher going flat out sends frames of hundreds of deltas: one settle then
     estimates several chunks in each tracker in turn, and the estimator's memory of
     recent chunks must still hold the first when the last tracker asks for it (it
     forgot them all at once when full: a chunk in four was estimated twice)."""
-    counted: list[str] = []
-    fast = estimate._fast_estimate
-
-    def counting(text: str) -> int:
-        counted.append(text)
-        return fast(text)
-
-    monkeypatch.setattr(estimate, "_fast_estimate", counting)
-    estimate._recent.clear()
     accountant = Accountant()
     seq = 0
     for frame in range(40):  # frames of 256 deltas of 100 characters: 25 KB a settle
@@ -400,20 +397,11 @@ def test_a_big_frames_chunks_are_estimated_once_for_all_its_trackers(
 
 
 def test_a_long_wait_s_chunks_are_estimated_once_for_all_its_trackers(
-    monkeypatch: pytest.MonkeyPatch,
+    counted: list[str],
 ) -> None:
     """Deltas published one at a time (an adapter in the daemon) wait until the accountant
     holds 1,024 or is read: 100 KB at once, more chunks than the estimator remembers, and
     each tracker took all of its chunks before the next asked for the first."""
-    counted: list[str] = []
-    fast = estimate._fast_estimate
-
-    def counting(text: str) -> int:
-        counted.append(text)
-        return fast(text)
-
-    monkeypatch.setattr(estimate, "_fast_estimate", counting)
-    estimate._recent.clear()
     envelopes: list[Envelope[Event]] = []
     for seq in range(1, 3 * 1024 + 1):
         text = f"{seq:05d} " + "streamed words and code() " * 4
