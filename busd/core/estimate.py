@@ -29,8 +29,8 @@ The definition is the regex ``_PIECE`` (:func:`_reference_estimate`). Matching
 it costs ~130 ns per piece, over a third of the daemon's CPU per event, so
 :func:`estimate_tokens` counts the same pieces without matching them: one
 byte of character classes per character, then a few whole-text passes in C
-(``bytes.translate``, big-integer bit operations, ``bytes.count``): 3-5x
-faster on 4 KB of prose, code, Markdown or JSON, 2.5-3x with non-ASCII mixed
+(``bytes.translate``, big-integer bit operations, ``bytes.count``): 3.5-5.5x
+faster on 4 KB of prose, code, Markdown or JSON, about 3x with non-ASCII mixed
 in (``contrib/bench/bench_estimator.py``). The count is exactly the regex's
 for every input (property-tested); short texts and text that is not valid
 UTF-8 (lone surrogates) take the regex itself.
